@@ -1,0 +1,62 @@
+#pragma once
+// The process-wide group a training program joins once: init_process_group() finds the rank layout (see
+// rank_layout.h), meets the other ranks and connects the backend. The free functions below (rank(),
+// world_size(), reduce_value(), ...) are the seeds' helpers and work before initialisation too, as a single
+// process.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/comm/rank_layout.h"
+#include "tandem/comm/rendezvous.h"
+
+namespace tandem {
+
+inline constexpr std::chrono::minutes kDefaultTimeout{5};
+
+struct InitOptions {
+  // "gloo", "mpi", "nccl"; empty picks comm::default_backend().
+  std::string backend;
+  // "env://", "tcp://HOST:PORT" or "file:///PATH".
+  std::string init_method = "env://";
+  // Explicit values win over the environment.
+  comm::ExplicitLayout layout;
+  // Deadline for the rendezvous and for every collective.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(comm::RankLayout layout, comm::StorePtr store, comm::CommunicatorPtr communicator);
+
+  const comm::RankLayout& layout() const { return layout_; }
+  comm::Communicator& communicator() const { return *communicator_; }
+  const comm::CommunicatorPtr& communicator_ptr() const { return communicator_; }
+  // The rendezvous store, for small out-of-band agreements (e.g. a run directory name).
+  c10d::Store& store() const { return *store_; }
+
+ private:
+  comm::RankLayout layout_;
+  comm::StorePtr store_;
+  comm::CommunicatorPtr communicator_;
+};
+
+// Joins the group (once per process; a second call throws). With no layout in the environment it sets up a
+// world of one, like the seeds' "Not using distributed mode".
+ProcessGroup& init_process_group(const InitOptions& options = {});
+void destroy_process_group();
+bool is_initialized();
+// Throws InvalidArgument if init_process_group() has not run.
+ProcessGroup& default_group();
+
+int rank();
+int world_size();
+int local_rank();
+bool is_main_process();
+
+// Sum (or mean, with average) of `value` over all ranks; returns `value` itself in a world of one.
+torch::Tensor reduce_value(torch::Tensor value, bool average = true);
+void barrier();
+
+}  // namespace tandem

@@ -1,0 +1,44 @@
+#pragma once
+// Where this process sits in the job: its rank, the world size, its place on its node, and the address of the
+// rendezvous master. Read from, in order: explicit values, torchrun's variables (what `tandem run` sets),
+// SLURM's, Open MPI's; with none of them the process runs alone (world size 1).
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace tandem::comm {
+
+inline constexpr int kDefaultMasterPort = 29500;
+
+struct RankLayout {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = kDefaultMasterPort;
+  // Which source the layout came from: "explicit", "env", "slurm", "openmpi" or "single".
+  std::string source = "single";
+
+  bool distributed() const { return world_size > 1; }
+};
+
+// Values given by the caller; any that are set win over the environment.
+struct ExplicitLayout {
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<int> local_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+
+// Returns the value of an environment variable, or nullopt when unset. Tests pass a map instead of the process
+// environment.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+EnvLookup process_environment();
+
+// Throws InvalidArgument, naming the variable, when a value is malformed or inconsistent (rank >= world size).
+RankLayout detect_rank_layout(const ExplicitLayout& given = {}, const EnvLookup& env = process_environment());
+
+}  // namespace tandem::comm

@@ -1,0 +1,27 @@
+#pragma once
+// Rendezvous: the key-value store through which ranks find each other (c10d's TCPStore or FileStore), and a
+// join step that checks every rank arrived with the same world size before any backend connects.
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "tandem/comm/rank_layout.h"
+
+namespace tandem::comm {
+
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+// init_method is "env://" (master address and port from the layout), "tcp://host:port" or "file:///path".
+// Rank 0 hosts the TCP store. Throws InvalidArgument for an unknown scheme, CommError when the master cannot
+// be reached or its port is taken, each with what to do about it.
+StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout);
+
+// Announces this rank in the store and waits for all the others. Fails with TimeoutError listing the ranks
+// that never joined, or InvalidArgument when two processes claim one rank or the world sizes disagree.
+void join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout);
+
+// "1, 3, 5" or "1-3, 7" for messages that name ranks.
+std::string describe_ranks(const std::vector<int>& ranks);
+
+}  // namespace tandem::comm

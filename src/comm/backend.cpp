@@ -1,0 +1,49 @@
+#include "tandem/comm/backend.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/cuda.h>
+
+#include "tandem/comm/gloo/gloo_communicator.h"
+#include "tandem/config.h"
+#include "tandem/util/error.h"
+#if TANDEM_HAVE_MPI
+#include "tandem/comm/mpi/mpi_communicator.h"
+#endif
+#if TANDEM_HAVE_NCCL
+#include "tandem/comm/nccl/nccl_communicator.h"
+#endif
+
+namespace tandem::comm {
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"gloo"};
+  if (TANDEM_HAVE_MPI) names.push_back("mpi");
+  if (TANDEM_HAVE_NCCL) names.push_back("nccl");
+  return names;
+}
+
+std::string default_backend() { return TANDEM_HAVE_NCCL && torch::cuda::is_available() ? "nccl" : "gloo"; }
+
+CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,
+                                  std::chrono::milliseconds timeout) {
+  if (backend == "gloo") {
+    GlooOptions options;
+    // Ranks on one node talk over loopback; across nodes Gloo must bind an address the others can reach.
+    if (layout.local_world_size < layout.world_size) options.hostname = "";
+    return std::make_shared<GlooCommunicator>(store, layout.rank, layout.world_size, timeout, options);
+  }
+#if TANDEM_HAVE_MPI
+  if (backend == "mpi") return std::make_shared<MpiCommunicator>(layout, timeout);
+#endif
+#if TANDEM_HAVE_NCCL
+  if (backend == "nccl") return std::make_shared<NcclCommunicator>(store, layout, timeout);
+#endif
+  throw UnsupportedError(fmt::format("backend '{}' is not available in this build of tandem (available: {}){}",
+                                     backend, fmt::join(available_backends(), ", "),
+                                     backend == "mpi"    ? "; install libopenmpi-dev and rebuild"
+                                     : backend == "nccl" ? "; build against a LibTorch with CUDA"
+                                                         : ""));
+}
+
+}  // namespace tandem::comm

@@ -1,0 +1,120 @@
+#include "tandem/comm/rank_layout.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "tandem/comm/slurm_nodelist.h"
+#include "tandem/util/error.h"
+
+namespace tandem::comm {
+namespace {
+
+int parse_int(const std::string& name, const std::string& value) {
+  try {
+    size_t used = 0;
+    int parsed = std::stoi(value, &used);
+    if (used == value.size()) return parsed;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("environment variable {}='{}' is not an integer", name, value));
+}
+
+std::optional<int> env_int(const EnvLookup& env, const std::string& name) {
+  if (auto value = env(name)) return parse_int(name, *value);
+  return std::nullopt;
+}
+
+void read_torchrun(RankLayout& layout, const EnvLookup& env) {
+  layout.source = "env";
+  layout.rank = *env_int(env, "RANK");
+  layout.world_size = env_int(env, "WORLD_SIZE").value_or(1);
+  layout.local_rank = env_int(env, "LOCAL_RANK").value_or(layout.rank);
+  layout.local_world_size = env_int(env, "LOCAL_WORLD_SIZE").value_or(layout.world_size);
+  layout.node_rank = env_int(env, "GROUP_RANK").value_or(layout.rank / std::max(layout.local_world_size, 1));
+  layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
+  layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
+}
+
+void read_slurm(RankLayout& layout, const EnvLookup& env) {
+  layout.source = "slurm";
+  layout.rank = *env_int(env, "SLURM_PROCID");
+  layout.world_size = env_int(env, "SLURM_NTASKS").value_or(1);
+  layout.local_rank = env_int(env, "SLURM_LOCALID").value_or(0);
+  layout.node_rank = env_int(env, "SLURM_NODEID").value_or(0);
+  if (auto per_node = env_int(env, "SLURM_NTASKS_PER_NODE")) {
+    layout.local_world_size = *per_node;
+  } else if (auto tasks = env("SLURM_TASKS_PER_NODE")) {
+    std::vector<int> counts = expand_slurm_tasks_per_node(*tasks);
+    size_t node = static_cast<size_t>(layout.node_rank);
+    layout.local_world_size = node < counts.size() ? counts[node] : counts.empty() ? 1 : counts.front();
+  }
+  auto nodelist = env("SLURM_NODELIST");
+  if (!nodelist) nodelist = env("SLURM_JOB_NODELIST");
+  if (nodelist) {
+    std::vector<std::string> hosts = expand_slurm_nodelist(*nodelist);
+    if (!hosts.empty()) layout.master_addr = hosts.front();
+  }
+  // MASTER_ADDR/MASTER_PORT still win when the batch script exports them.
+  layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
+  layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
+}
+
+void read_openmpi(RankLayout& layout, const EnvLookup& env) {
+  layout.source = "openmpi";
+  layout.rank = *env_int(env, "OMPI_COMM_WORLD_RANK");
+  layout.world_size = env_int(env, "OMPI_COMM_WORLD_SIZE").value_or(1);
+  layout.local_rank = env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
+  layout.local_world_size = env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(layout.world_size);
+  layout.node_rank = env_int(env, "OMPI_COMM_WORLD_NODE_RANK").value_or(layout.rank / std::max(layout.local_world_size, 1));
+  layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
+  layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
+}
+
+}  // namespace
+
+EnvLookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+RankLayout detect_rank_layout(const ExplicitLayout& given, const EnvLookup& env) {
+  RankLayout layout;
+  if (env("RANK")) {
+    read_torchrun(layout, env);
+  } else if (env("SLURM_PROCID")) {
+    read_slurm(layout, env);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    read_openmpi(layout, env);
+  }
+  if (given.rank || given.world_size) {
+    layout.source = "explicit";
+    layout.rank = given.rank.value_or(layout.rank);
+    layout.world_size = given.world_size.value_or(layout.world_size);
+    layout.local_rank = given.local_rank.value_or(given.rank ? layout.rank : layout.local_rank);
+    if (layout.local_world_size > layout.world_size) layout.local_world_size = layout.world_size;
+  }
+  if (given.local_rank) layout.local_rank = *given.local_rank;
+  if (given.master_addr) layout.master_addr = *given.master_addr;
+  if (given.master_port) layout.master_port = *given.master_port;
+
+  if (layout.world_size < 1) {
+    throw InvalidArgument(fmt::format("world size must be at least 1, got {} (from {})", layout.world_size, layout.source));
+  }
+  if (layout.rank < 0 || layout.rank >= layout.world_size) {
+    throw InvalidArgument(fmt::format("rank {} is outside world size {} (from {}); ranks run from 0 to {}", layout.rank,
+                                      layout.world_size, layout.source, layout.world_size - 1));
+  }
+  if (layout.local_rank < 0) {
+    throw InvalidArgument(fmt::format("local rank must not be negative, got {}", layout.local_rank));
+  }
+  if (layout.master_port < 0 || layout.master_port > 65535) {
+    throw InvalidArgument(fmt::format("master port {} is outside 0..65535", layout.master_port));
+  }
+  return layout;
+}
+
+}  // namespace tandem::comm

@@ -1,0 +1,133 @@
+#include "tandem/comm/rendezvous.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <thread>
+
+#include "tandem/util/error.h"
+
+namespace tandem::comm {
+namespace {
+
+std::string join_key(int rank) { return fmt::format("tandem/join/{}", rank); }
+
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
+
+StorePtr make_tcp_store(const std::string& host, int port, const RankLayout& layout,
+                        std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = layout.rank == 0;
+  options.numWorkers = layout.world_size;
+  // join() waits for the workers itself, so that a missing rank is named instead of reported as a bare timeout.
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& error) {
+    if (layout.rank == 0) {
+      throw CommError(fmt::format(
+          "rank 0 could not open the rendezvous port {}:{} ({}); is another job using it? pick a free "
+          "--master-port or pass 0 to `tandem run` to choose one",
+          host, port, error.what()));
+    }
+    throw CommError(fmt::format(
+        "rank {} could not reach the rendezvous master at {}:{} within {:.0f} s ({}); check that rank 0 is "
+        "running and MASTER_ADDR/MASTER_PORT match on every rank",
+        layout.rank, host, port, seconds(timeout), error.what()));
+  }
+}
+
+}  // namespace
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!text.empty()) text += ", ";
+    text += j > i + 1 ? fmt::format("{}-{}", ranks[i], ranks[j]) : fmt::format("{}", ranks[i]);
+    if (j == i + 1) text += fmt::format(", {}", ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout) {
+  if (init_method == "env://") {
+    return make_tcp_store(layout.master_addr, layout.master_port, layout, timeout);
+  }
+  const std::string tcp = "tcp://";
+  const std::string file = "file://";
+  if (init_method.rfind(tcp, 0) == 0) {
+    std::string address = init_method.substr(tcp.size());
+    size_t colon = address.rfind(':');
+    if (colon == std::string::npos) {
+      throw InvalidArgument(fmt::format("init method '{}' needs a port: tcp://HOST:PORT", init_method));
+    }
+    int port = 0;
+    try {
+      port = std::stoi(address.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw InvalidArgument(fmt::format("init method '{}' has no valid port: tcp://HOST:PORT", init_method));
+    }
+    return make_tcp_store(address.substr(0, colon), port, layout, timeout);
+  }
+  if (init_method.rfind(file, 0) == 0) {
+    std::string path = init_method.substr(file.size());
+    if (path.empty()) throw InvalidArgument("init method 'file://' needs a path: file:///shared/dir/store");
+    try {
+      auto store = c10::make_intrusive<c10d::FileStore>(path, layout.world_size);
+      store->setTimeout(timeout);
+      return store;
+    } catch (const std::exception& error) {
+      throw CommError(fmt::format("cannot open the rendezvous file '{}': {}", path, error.what()));
+    }
+  }
+  throw InvalidArgument(
+      fmt::format("unknown init method '{}': use env://, tcp://HOST:PORT or file:///PATH", init_method));
+}
+
+void join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
+  std::string me = join_key(rank);
+  // add() is atomic, so two processes given the same rank cannot both believe they are first.
+  if (store.add(me + "/claims", 1) > 1) {
+    throw InvalidArgument(fmt::format(
+        "rank {} was claimed by two processes; give each process a distinct RANK (0..{})", rank, world_size - 1));
+  }
+  std::string identity = fmt::format("{} {}", world_size, ::getpid());
+  store.set(me, std::vector<uint8_t>(identity.begin(), identity.end()));
+
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int> missing;
+  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
+    missing.clear();
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({join_key(r)})) missing.push_back(r);
+    }
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(fmt::format(
+          "rendezvous timed out after {:.0f} s on rank {}: rank(s) {} of {} never joined; start every rank, "
+          "with the same WORLD_SIZE and master address, or raise the timeout",
+          seconds(timeout), rank, describe_ranks(missing), world_size));
+    }
+    std::this_thread::sleep_for(pause);
+  }
+  for (int r = 0; r < world_size; ++r) {
+    std::string value = text_of(store.get(join_key(r)));
+    int their_world = std::stoi(value.substr(0, value.find(' ')));
+    if (their_world != world_size) {
+      throw InvalidArgument(fmt::format("world size mismatch: rank {} says {}, rank {} says {}; start every rank "
+                                        "with the same WORLD_SIZE",
+                                        rank, world_size, r, their_world));
+    }
+  }
+}
+
+}  // namespace tandem::comm

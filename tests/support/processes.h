@@ -1,0 +1,39 @@
+#pragma once
+// The real-process test tier: runs programs (the `tandem` binary, or this test binary re-entered as a rank
+// worker) with a deadline, so that a hang fails the test instead of stalling CI.
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tandem::testing {
+
+struct ProcessResult {
+  int exit_code = -1;   // valid when the process exited normally
+  int term_signal = 0;  // non-zero when a signal ended it
+  bool timed_out = false;
+  std::string output;   // stdout and stderr, interleaved
+};
+
+// Runs argv with extra environment variables, in its own process group; at the deadline the whole group is
+// killed and timed_out is set.
+ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+                          std::chrono::milliseconds deadline = std::chrono::seconds(60));
+
+// Starts world_size copies of this test binary, each running only the test named `worker_test`
+// ("Suite.Name") with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT and
+// TANDEM_TEST_WORKER=1 set, and waits for all of them until the deadline.
+std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& worker_test,
+                                            std::chrono::milliseconds deadline = std::chrono::seconds(120),
+                                            const std::map<std::string, std::string>& env = {});
+
+// True inside a process started by run_worker_ranks; worker tests skip themselves otherwise.
+bool is_worker_process();
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
+// The `tandem` program built with these tests.
+std::string tandem_cli();
+
+}  // namespace tandem::testing
