@@ -1,0 +1,50 @@
+#pragma once
+// The part of the gloo and nccl backends that is the same: both wrap one of LibTorch's c10d process groups.
+// This class issues the collectives, fills in what a backend lacks (average, reduce-scatter) and turns
+// failures into tandem errors that name the collective and the ranks that never reached it.
+#include "tandem/comm/collective_tracker.h"
+#include "tandem/comm/communicator.h"
+#include "tandem/util/compat.h"
+
+namespace tandem::comm {
+
+class C10dCommunicator : public Communicator {
+ public:
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend_name() const override { return backend_name_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  WorkPtr all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  WorkPtr broadcast(torch::Tensor& tensor, int root) override;
+  WorkPtr all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override;
+  WorkPtr reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
+  WorkPtr barrier() override;
+
+ protected:
+  // What the wrapped group can do natively; the rest is emulated with all-reduce.
+  struct Capabilities {
+    bool average = false;
+    bool reduce_scatter = false;
+  };
+
+  C10dCommunicator(std::string backend_name, StorePtr store, int rank, int world_size,
+                   std::chrono::milliseconds timeout);
+  // Connects the backend; the derived constructor passes a function that creates its c10d group, so that a
+  // failure to connect is reported like any collective's.
+  void connect(const std::function<c10::intrusive_ptr<compat::C10dBackend>()>& create, Capabilities capabilities);
+
+ private:
+  WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& operation, uint64_t sequence,
+               std::function<void()> on_complete);
+
+  std::string backend_name_;
+  int rank_;
+  int world_size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<CollectiveTracker> tracker_;
+  c10::intrusive_ptr<compat::C10dBackend> group_;
+  Capabilities capabilities_;
+};
+
+}  // namespace tandem::comm
