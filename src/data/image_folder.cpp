@@ -1,0 +1,335 @@
+#include "tandem/data/image_folder.h"
+
+#include <stb/stb_image_resize.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "tandem/data/image.h"
+#include "tandem/util/error.h"
+
+namespace tandem::data {
+namespace fs = std::filesystem;
+
+namespace detail {
+
+// A few long-lived threads that run parallel_for calls; several callers may use the pool at once (a loader's
+// prefetch thread and the training thread), each waiting only for its own items.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads) {
+    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
+  }
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+
+  // Runs fn(i) for every i in [0, count) on the pool and the calling thread; returns when all are done.
+  // fn must not throw (callers record failures per item).
+  void parallel_for(int64_t count, const std::function<void(int64_t)>& fn) {
+    struct Job {
+      std::atomic<int64_t> next{0};
+      int64_t done = 0;
+      std::mutex mutex;
+      std::condition_variable finished;
+    };
+    auto job = std::make_shared<Job>();
+    auto drain = [job, count, &fn] {
+      int64_t mine = 0;
+      for (int64_t i = job->next++; i < count; i = job->next++, ++mine) fn(i);
+      // Count only after the loop: fn is the caller's, which lives until every item is done.
+      std::lock_guard<std::mutex> lock(job->mutex);
+      job->done += mine;
+      if (job->done == count) job->finished.notify_all();
+    };
+    const int64_t helpers = std::min<int64_t>(static_cast<int64_t>(threads_.size()), count - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int64_t h = 0; h < helpers; ++h) tasks_.push_back(drain);
+    }
+    wake_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(job->mutex);
+    job->finished.wait(lock, [&] { return job->done == count; });
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace detail
+
+namespace {
+
+// SplitMix64: a tiny, portable generator, so splits and augmentations are the same on every platform
+// (std::uniform_*_distribution is implementation-defined).
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+class Random {
+ public:
+  explicit Random(std::initializer_list<uint64_t> keys) {
+    for (uint64_t key : keys) {
+      state_ ^= key;
+      splitmix64(state_);
+    }
+  }
+  uint64_t next() { return splitmix64(state_); }
+  double uniform(double low, double high) { return low + (high - low) * (next() >> 11) * 0x1.0p-53; }
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+
+ private:
+  uint64_t state_ = 0x243F6A8885A308D3ULL;
+};
+
+bool is_image_file(const fs::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// A crop of the source image in pixel coordinates (fractional: resizing samples it exactly).
+struct Region {
+  double x0, y0, width, height;
+};
+
+// torchvision's RandomResizedCrop.get_params: ten tries at a random area and aspect ratio, else a center crop
+// with the aspect ratio clamped.
+Region random_resized_crop(int width, int height, const ImageTransformOptions& t, Random& random) {
+  const double area = static_cast<double>(width) * height;
+  const double log_low = std::log(3.0 / 4.0), log_high = std::log(4.0 / 3.0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * random.uniform(t.min_crop_scale, t.max_crop_scale);
+    const double aspect = std::exp(random.uniform(log_low, log_high));
+    const int64_t w = std::llround(std::sqrt(target_area * aspect));
+    const int64_t h = std::llround(std::sqrt(target_area / aspect));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const int64_t y = random.below(height - h + 1), x = random.below(width - w + 1);
+      return {static_cast<double>(x), static_cast<double>(y), static_cast<double>(w), static_cast<double>(h)};
+    }
+  }
+  const double ratio = static_cast<double>(width) / height;
+  double w = width, h = height;
+  if (ratio < 3.0 / 4.0) {
+    h = std::round(w / (3.0 / 4.0));
+  } else if (ratio > 4.0 / 3.0) {
+    w = std::round(h * (4.0 / 3.0));
+  }
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+// Resize(shorter side -> image_size * resize_ratio) then CenterCrop(image_size), as one region of the source.
+Region center_crop(int width, int height, const ImageTransformOptions& t) {
+  const double resized_short = std::max<double>(1.0, std::round(t.image_size * t.resize_ratio));
+  const double scale = resized_short / std::min(width, height);  // resized pixels per source pixel
+  const double w = std::min<double>(width, t.image_size / scale);
+  const double h = std::min<double>(height, t.image_size / scale);
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+}  // namespace
+
+ImageFolderSplit read_split_data(const std::string& root, double val_split, uint64_t seed) {
+  if (!(val_split >= 0.0 && val_split < 1.0)) {
+    throw InvalidArgument("val_split must be in [0, 1), got " + std::to_string(val_split));
+  }
+  std::error_code error;
+  if (!fs::is_directory(root, error)) {
+    throw InvalidArgument("image folder " + root + " does not exist or is not a directory");
+  }
+  ImageFolderSplit split;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && !name.empty() && name[0] != '.') split.classes.push_back(name);
+  }
+  std::sort(split.classes.begin(), split.classes.end());
+  if (split.classes.empty()) {
+    throw InvalidArgument("image folder " + root + " has no class sub-folders; expected ROOT/CLASS/IMAGE.jpg");
+  }
+  for (size_t label = 0; label < split.classes.size(); ++label) {
+    const fs::path folder = fs::path(root) / split.classes[label];
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.is_regular_file() && is_image_file(entry.path())) files.push_back(entry.path().string());
+    }
+    if (files.empty()) {
+      throw InvalidArgument("class folder " + folder.string() + " holds no .jpg/.jpeg/.png images");
+    }
+    std::sort(files.begin(), files.end());
+    // Partial Fisher-Yates over positions picks the validation files; seeded per class so other classes
+    // do not shift this one's split.
+    const auto val_count = static_cast<int64_t>(std::floor(files.size() * val_split));
+    std::vector<int64_t> order(files.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    Random random{seed, static_cast<uint64_t>(label)};
+    std::vector<bool> is_val(files.size(), false);
+    for (int64_t i = 0; i < val_count; ++i) {
+      const int64_t j = i + random.below(static_cast<int64_t>(files.size()) - i);
+      std::swap(order[i], order[j]);
+      is_val[order[i]] = true;
+    }
+    for (size_t i = 0; i < files.size(); ++i) {
+      (is_val[i] ? split.val : split.train).push_back({files[i], static_cast<int64_t>(label)});
+    }
+  }
+  return split;
+}
+
+void write_class_list(const std::vector<std::string>& classes, const std::string& path) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < classes.size(); ++i) json[std::to_string(i)] = classes[i];
+  std::ofstream out(path);
+  out << json.dump(4) << "\n";
+  if (!out) throw Error("cannot write class list " + path);
+}
+
+std::vector<std::string> read_class_list(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read class list " + path);
+  nlohmann::json json;
+  try {
+    in >> json;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("class list " + path + " is not valid JSON: " + e.what());
+  }
+  std::vector<std::string> classes(json.size());
+  for (auto& [key, value] : json.items()) {
+    const size_t index = std::stoul(key);
+    if (index >= classes.size() || !value.is_string()) throw Error("class list " + path + " has a bad entry " + key);
+    classes[index] = value.get<std::string>();
+  }
+  return classes;
+}
+
+ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFolderOptions options)
+    : samples_(std::move(samples)), options_(std::move(options)) {
+  if (options_.transform.image_size < 1) throw InvalidArgument("image_size must be at least 1");
+  if (!(options_.transform.min_crop_scale > 0 && options_.transform.min_crop_scale <= options_.transform.max_crop_scale &&
+        options_.transform.max_crop_scale <= 1)) {
+    throw InvalidArgument("crop scale range must satisfy 0 < min <= max <= 1");
+  }
+  pool_ = std::make_unique<detail::WorkerPool>(std::max(0, options_.num_threads - 1));
+}
+
+ImageFolderDataset::~ImageFolderDataset() = default;
+
+void ImageFolderDataset::load_into(int64_t index, float* out) const {
+  const ImageTransformOptions& t = options_.transform;
+  const Image image = read_image(samples_[index].path);
+  Random random{options_.seed, static_cast<uint64_t>(epoch_.load()), static_cast<uint64_t>(index)};
+  const Region region =
+      t.train ? random_resized_crop(image.width, image.height, t, random) : center_crop(image.width, image.height, t);
+  const bool flip = t.train && t.horizontal_flip && (random.next() & 1);
+
+  const int size = static_cast<int>(t.image_size);
+  std::vector<uint8_t> resized(static_cast<size_t>(size) * size * 3);
+  // Triangle filter in linear space: bilinear, widened when shrinking (PIL's antialiased bilinear).
+  const int ok = stbir_resize_region(
+      image.pixels.data(), image.width, image.height, 0, resized.data(), size, size, 0, STBIR_TYPE_UINT8, 3,
+      STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE, STBIR_FILTER_TRIANGLE,
+      STBIR_COLORSPACE_LINEAR, nullptr, region.x0 / image.width, region.y0 / image.height,
+      (region.x0 + region.width) / image.width, (region.y0 + region.height) / image.height);
+  TANDEM_CHECK(ok, "stbir_resize_region failed for ", samples_[index].path);
+
+  const int64_t plane = static_cast<int64_t>(size) * size;
+  for (int c = 0; c < 3; ++c) {
+    const float scale = 1.0f / (255.0f * t.std[c]), shift = -t.mean[c] / t.std[c];
+    float* dst = out + c * plane;
+    for (int y = 0; y < size; ++y) {
+      for (int x = 0; x < size; ++x) {
+        const int src_x = flip ? size - 1 - x : x;
+        dst[y * size + x] = resized[(static_cast<size_t>(y) * size + src_x) * 3 + c] * scale + shift;
+      }
+    }
+  }
+}
+
+torch::Tensor ImageFolderDataset::get_image(int64_t index) const {
+  if (index < 0 || index >= size()) {
+    throw InvalidArgument("image index " + std::to_string(index) + " out of range [0, " + std::to_string(size()) + ")");
+  }
+  const int64_t s = options_.transform.image_size;
+  torch::Tensor out = torch::empty({3, s, s}, torch::kFloat);
+  load_into(index, out.data_ptr<float>());
+  return out;
+}
+
+Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
+  const int64_t count = static_cast<int64_t>(indices.size()), s = options_.transform.image_size;
+  for (int64_t index : indices) {
+    if (index < 0 || index >= size()) {
+      throw InvalidArgument("image index " + std::to_string(index) + " out of range [0, " + std::to_string(size()) +
+                            ")");
+    }
+  }
+  torch::Tensor data = torch::empty({count, 3, s, s}, torch::kFloat);
+  float* base = data.data_ptr<float>();
+  std::vector<std::exception_ptr> failures(static_cast<size_t>(count));
+  pool_->parallel_for(count, [&](int64_t i) {
+    try {
+      load_into(indices[i], base + i * 3 * s * s);
+    } catch (...) {
+      failures[i] = std::current_exception();
+    }
+  });
+
+  Batch batch;
+  std::vector<int64_t> kept_rows;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!failures[i]) {
+      kept_rows.push_back(i);
+      continue;
+    }
+    if (!options_.skip_bad_images) std::rethrow_exception(failures[i]);
+    ++skipped_;
+  }
+  std::vector<int64_t> targets;
+  for (int64_t row : kept_rows) {
+    batch.indices.push_back(indices[row]);
+    targets.push_back(samples_[indices[row]].label);
+  }
+  batch.data = static_cast<int64_t>(kept_rows.size()) == count
+                   ? data
+                   : data.index_select(0, torch::tensor(kept_rows, torch::kLong));
+  batch.target = torch::tensor(targets, torch::kLong);
+  return batch;
+}
+
+}  // namespace tandem::data

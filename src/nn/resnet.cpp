@@ -1,0 +1,106 @@
+#include "tandem/nn/resnet.h"
+
+#include "tandem/nn/sync_batch_norm.h"
+#include "tandem/util/error.h"
+
+namespace tandem::nn {
+namespace {
+
+namespace tnn = torch::nn;
+
+tnn::Conv2d conv(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride, int64_t padding) {
+  return tnn::Conv2d(
+      tnn::Conv2dOptions(in_channels, out_channels, kernel).stride(stride).padding(padding).bias(false));
+}
+
+// The layer registered as `name` in `owner`, looked up now (not cached) so a swap by convert_sync_batchnorm counts.
+torch::Tensor run_norm(const torch::nn::Module& owner, const std::string& name, const torch::Tensor& input) {
+  return forward_batch_norm(*owner.named_children()[name], input);
+}
+
+}  // namespace
+
+BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride) {
+  conv1_ = register_module("conv1", conv(in_channels, out_channels, 3, stride, 1));
+  register_module("bn1", tnn::BatchNorm2d(out_channels));
+  conv2_ = register_module("conv2", conv(out_channels, out_channels, 3, 1, 1));
+  register_module("bn2", tnn::BatchNorm2d(out_channels));
+  if (stride != 1 || in_channels != out_channels) {
+    // A plain module with children "0" and "1" rather than nn::Sequential, whose forward would keep calling
+    // the original BatchNorm after convert_sync_batchnorm.
+    downsample_ = std::make_shared<torch::nn::Module>();
+    downsample_conv_ = downsample_->register_module("0", conv(in_channels, out_channels, 1, stride, 0));
+    downsample_->register_module("1", tnn::BatchNorm2d(out_channels));
+    register_module("downsample", downsample_);
+  }
+}
+
+torch::Tensor BasicBlockImpl::forward(const torch::Tensor& input) {
+  torch::Tensor out = torch::relu(run_norm(*this, "bn1", conv1_->forward(input)));
+  out = run_norm(*this, "bn2", conv2_->forward(out));
+  torch::Tensor identity = downsample_ ? run_norm(*downsample_, "1", downsample_conv_->forward(input)) : input;
+  return torch::relu(out + identity);
+}
+
+ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
+  if (options.blocks_per_stage.size() != 4 || options.num_classes < 1) {
+    throw InvalidArgument(detail::concat("ResNet needs 4 stages and num_classes >= 1, got ",
+                                         options.blocks_per_stage.size(), " stages and ", options.num_classes,
+                                         " classes"));
+  }
+  conv1_ = register_module("conv1", conv(3, 64, 7, 2, 3));
+  register_module("bn1", tnn::BatchNorm2d(64));
+  maxpool_ = register_module("maxpool", tnn::MaxPool2d(tnn::MaxPool2dOptions(3).stride(2).padding(1)));
+  int64_t in_channels = 64;
+  for (size_t stage = 0; stage < 4; ++stage) {
+    const int64_t out_channels = 64 << stage;
+    tnn::Sequential blocks;
+    for (int64_t b = 0; b < options.blocks_per_stage[stage]; ++b) {
+      const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+      blocks->push_back(BasicBlock(in_channels, out_channels, stride));
+      in_channels = out_channels;
+    }
+    stages_.push_back(register_module("layer" + std::to_string(stage + 1), blocks));
+  }
+  fc_ = register_module("fc", tnn::Linear(512, options.num_classes));
+
+  // torchvision's initialisation: He-normal (fan_out) convolutions, BatchNorm at weight 1 and bias 0 (their
+  // default), Linear left at its default.
+  torch::NoGradGuard no_grad;
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* c = module->as<tnn::Conv2d>()) {
+      tnn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    }
+  }
+  if (options.zero_init_residual) {
+    for (auto& stage : stages_) {
+      for (auto& block : stage->children()) {
+        block->named_parameters(/*recurse=*/true)["bn2.weight"].zero_();
+      }
+    }
+  }
+}
+
+torch::Tensor ResNetImpl::forward(const torch::Tensor& input) {
+  if (input.dim() != 4 || input.size(1) != 3) {
+    throw InvalidArgument(detail::concat("ResNet expects input [N, 3, H, W], got ", input.sizes()));
+  }
+  torch::Tensor x = torch::relu(run_norm(*this, "bn1", conv1_->forward(input)));
+  x = maxpool_->forward(x);
+  for (auto& stage : stages_) x = stage->forward(x);
+  x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+  return fc_->forward(x);
+}
+
+ResNet resnet18(int64_t num_classes) { return ResNet(ResNetOptions{{2, 2, 2, 2}, num_classes}); }
+ResNet resnet34(int64_t num_classes) { return ResNet(ResNetOptions{{3, 4, 6, 3}, num_classes}); }
+
+std::vector<std::string> resnet_names() { return {"resnet18", "resnet34"}; }
+
+ResNet make_resnet(const std::string& name, int64_t num_classes) {
+  if (name == "resnet18") return resnet18(num_classes);
+  if (name == "resnet34") return resnet34(num_classes);
+  throw InvalidArgument("unknown model '" + name + "'; known: resnet18, resnet34");
+}
+
+}  // namespace tandem::nn
