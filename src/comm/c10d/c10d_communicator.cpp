@@ -29,17 +29,35 @@ void divide_in_place(torch::Tensor& tensor, int divisor) {
   }
 }
 
+// Everything needed to report a failed collective, whether it failed when issued or while waited on.
+struct Failure {
+  std::string backend;
+  std::string operation;
+  uint64_t sequence;
+  std::shared_ptr<CollectiveTracker> tracker;
+  std::chrono::milliseconds timeout;
+
+  [[noreturn]] void raise(const std::string& message, const torch::Tensor& tensor) const {
+    // c10d refuses some dtypes (Gloo in LibTorch 1.13 has no bfloat16): that is this rank's limitation, not
+    // a peer's, so it must not be reported as one.
+    if (message.find("Invalid scalar type") != std::string::npos ||
+        message.find("Unsupported") != std::string::npos) {
+      std::string what = tensor.defined() ? std::string(c10::toString(tensor.scalar_type())) + " tensors" : "this";
+      throw UnsupportedError(fmt::format("backend {} does not support {} in {}; use another dtype or backend",
+                                         backend, what, operation));
+    }
+    tracker->fail(operation, sequence, message, timeout);
+  }
+};
+
 // A c10d work plus what must happen once it completes (averaging, copying a chunk out).
 class C10dWork : public Work {
  public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string operation, uint64_t sequence,
-           std::shared_ptr<CollectiveTracker> tracker, std::chrono::milliseconds timeout,
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, Failure failure, torch::Tensor tensor,
            std::function<void()> on_complete)
       : work_(std::move(work)),
-        operation_(std::move(operation)),
-        sequence_(sequence),
-        tracker_(std::move(tracker)),
-        timeout_(timeout),
+        failure_(std::move(failure)),
+        tensor_(std::move(tensor)),
         on_complete_(std::move(on_complete)) {}
 
   void wait() override {
@@ -47,7 +65,7 @@ class C10dWork : public Work {
     try {
       work_->wait();
     } catch (const std::exception& error) {
-      tracker_->fail(operation_, sequence_, error.what(), timeout_);
+      failure_.raise(error.what(), tensor_);
     }
     if (on_complete_) on_complete_();
     finished_ = true;
@@ -57,10 +75,8 @@ class C10dWork : public Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  std::string operation_;
-  uint64_t sequence_;
-  std::shared_ptr<CollectiveTracker> tracker_;
-  std::chrono::milliseconds timeout_;
+  Failure failure_;
+  torch::Tensor tensor_;
   std::function<void()> on_complete_;
   bool finished_ = false;
 };
@@ -85,13 +101,20 @@ void C10dCommunicator::connect(const std::function<c10::intrusive_ptr<compat::C1
   }
 }
 
-WorkPtr C10dCommunicator::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& operation, uint64_t sequence,
-                               std::function<void()> on_complete) {
-  return std::make_shared<C10dWork>(std::move(work), operation, sequence, tracker_, timeout_, std::move(on_complete));
+WorkPtr C10dCommunicator::issue(const std::string& operation, const torch::Tensor& tensor,
+                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                std::function<void()> on_complete) {
+  Failure failure{backend_name_, operation, tracker_->begin(), tracker_, timeout_};
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start();
+  } catch (const std::exception& error) {
+    failure.raise(error.what(), tensor);
+  }
+  return std::make_shared<C10dWork>(std::move(work), std::move(failure), tensor, std::move(on_complete));
 }
 
 WorkPtr C10dCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
-  uint64_t sequence = tracker_->begin();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   std::function<void()> finish;
@@ -101,18 +124,18 @@ WorkPtr C10dCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   } else {
     options.reduceOp = to_c10d(op);
   }
-  return wrap(group_->allreduce(tensors, options), "all_reduce(" + to_string(op) + ")", sequence, std::move(finish));
+  return issue("all_reduce(" + to_string(op) + ")", tensor, [&] { return group_->allreduce(tensors, options); },
+               std::move(finish));
 }
 
 WorkPtr C10dCommunicator::broadcast(torch::Tensor& tensor, int root) {
   if (root < 0 || root >= world_size_) {
     throw InvalidArgument(fmt::format("broadcast root {} is outside world size {}", root, world_size_));
   }
-  uint64_t sequence = tracker_->begin();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  return wrap(group_->broadcast(tensors, options), "broadcast", sequence, nullptr);
+  return issue("broadcast", tensor, [&] { return group_->broadcast(tensors, options); }, nullptr);
 }
 
 WorkPtr C10dCommunicator::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
@@ -120,10 +143,9 @@ WorkPtr C10dCommunicator::all_gather(std::vector<torch::Tensor>& outputs, const 
     throw InvalidArgument(
         fmt::format("all_gather needs {} output tensors (one per rank), got {}", world_size_, outputs.size()));
   }
-  uint64_t sequence = tracker_->begin();
   std::vector<std::vector<torch::Tensor>> output_lists{outputs};
   std::vector<torch::Tensor> inputs{input};
-  return wrap(group_->allgather(output_lists, inputs), "all_gather", sequence, nullptr);
+  return issue("all_gather", input, [&] { return group_->allgather(output_lists, inputs); }, nullptr);
 }
 
 WorkPtr C10dCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
@@ -132,14 +154,13 @@ WorkPtr C10dCommunicator::reduce_scatter(torch::Tensor& output, const torch::Ten
                                       input.numel(), world_size_, output.numel()));
   }
   std::string operation = "reduce_scatter(" + to_string(op) + ")";
-  uint64_t sequence = tracker_->begin();
   if (capabilities_.reduce_scatter && (op != ReduceOp::Avg || capabilities_.average)) {
     std::vector<torch::Tensor> outputs{output};
     std::vector<std::vector<torch::Tensor>> inputs{input.contiguous().view({world_size_, -1}).unbind(0)};
     for (auto& chunk : inputs[0]) chunk = chunk.view(output.sizes());
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_c10d(op);
-    return wrap(group_->reduce_scatter(outputs, inputs, options), operation, sequence, nullptr);
+    return issue(operation, input, [&] { return group_->reduce_scatter(outputs, inputs, options); }, nullptr);
   }
   // Emulated: all-reduce a copy and keep this rank's chunk.
   torch::Tensor reduced = input.contiguous().clone();
@@ -151,12 +172,11 @@ WorkPtr C10dCommunicator::reduce_scatter(torch::Tensor& output, const torch::Ten
     if (op == ReduceOp::Avg) divide_in_place(mine, world);
     output.copy_(mine);
   };
-  return wrap(group_->allreduce(tensors, options), operation, sequence, std::move(finish));
+  return issue(operation, input, [&] { return group_->allreduce(tensors, options); }, std::move(finish));
 }
 
 WorkPtr C10dCommunicator::barrier() {
-  uint64_t sequence = tracker_->begin();
-  return wrap(group_->barrier(), "barrier", sequence, nullptr);
+  return issue("barrier", torch::Tensor(), [&] { return group_->barrier(); }, nullptr);
 }
 
 }  // namespace tandem::comm

@@ -35,8 +35,10 @@ class C10dCommunicator : public Communicator {
   void connect(const std::function<c10::intrusive_ptr<compat::C10dBackend>()>& create, Capabilities capabilities);
 
  private:
-  WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& operation, uint64_t sequence,
-               std::function<void()> on_complete);
+  // Numbers the collective, starts it, and wraps the c10d work; failures at either point become tandem errors.
+  // `tensor` is the data the collective carries, for messages about unsupported dtypes.
+  WorkPtr issue(const std::string& operation, const torch::Tensor& tensor,
+                const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> on_complete);
 
   std::string backend_name_;
   int rank_;
