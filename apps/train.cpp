@@ -1,0 +1,91 @@
+// `tandem train`: the seeds' training program. This file is only the table of flags; the loop lives in
+// tandem/train/trainer.h. Launch it once per rank, e.g.
+//   tandem run --nproc-per-node 2 -- tandem train --epochs 10
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "apps/command.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/data/mnist_dataset.h"
+#include "tandem/nn/model_registry.h"
+#include "tandem/train/trainer.h"
+
+namespace tandem::app {
+namespace {
+
+struct TrainFlags {
+  train::TrainOptions options;
+  std::string normalize;
+  int threads = 0;
+  std::string backend;
+  double timeout_seconds = 300;
+  bool no_shuffle = false;
+};
+
+// OMP_NUM_THREADS if set (as torchrun sets it), else the cores shared evenly among this node's ranks.
+int default_threads(int local_world_size) {
+  if (const char* value = std::getenv("OMP_NUM_THREADS")) {
+    const int threads = std::atoi(value);
+    if (threads > 0) return threads;
+  }
+  return std::max(1, torch::get_num_threads() / std::max(1, local_world_size));
+}
+
+int run_train(TrainFlags& flags) {
+  train::TrainOptions& options = flags.options;
+  options.shuffle = !flags.no_shuffle;
+  if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
+  if (flags.timeout_seconds <= 0) throw InvalidArgument("--timeout must be positive");
+
+  InitOptions init;
+  init.backend = flags.backend;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
+  ProcessGroup& group = init_process_group(init);
+  torch::set_num_threads(flags.threads > 0 ? flags.threads : default_threads(group.layout().local_world_size));
+  try {
+    train::train(options, group.communicator_ptr());
+  } catch (...) {
+    destroy_process_group();
+    throw;
+  }
+  destroy_process_group();
+  return 0;
+}
+
+std::string model_names() {
+  std::string names;
+  for (const auto& [name, description] : nn::registered_models()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
+const CommandRegistration kRegisterTrain("train", "train a model on an MNIST-format data set across the ranks", [](CLI::App& command) {
+  auto flags = std::make_shared<TrainFlags>();
+  train::TrainOptions& o = flags->options;
+  command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain)")->capture_default_str();
+  command.add_option("--model", o.model, "model to train: " + model_names())->capture_default_str();
+  command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr (cosine schedule per epoch)")->capture_default_str();
+  command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
+  command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str();
+  command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
+  command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
+  command.add_option("--normalize", flags->normalize, "MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
+  command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)");
+  command.add_option("--init,--weights", o.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
+  command.add_flag("--strict", o.strict, "--init must match the model exactly");
+  command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head");
+  command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
+  command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>)");
+  command.add_flag("--resume", o.resume, "continue from the newest checkpoint in --run-dir (default: the newest run)");
+  command.add_option("--backend", flags->backend, "communication backend (default: gloo on CPU, nccl on GPU)");
+  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str();
+  return [flags] { return run_train(*flags); };
+});
+
+}  // namespace
+}  // namespace tandem::app

@@ -1,0 +1,86 @@
+#pragma once
+// The training loop of `tandem train` (the seeds' train_multi_GPU main(), done right), in the library so that
+// tests drive it directly. Every rank calls train() with the same options; apps/train.cpp only parses flags.
+//
+// Per epoch: the DistributedSampler's order for (seed, epoch), SGD steps on DDP-averaged gradients with the
+// cosine schedule's lr, then evaluation on the test split sharded across ranks, each test sample counted once.
+// Rank 0 prints `[epoch E] loss L accuracy A lr X`, appends RUN_DIR/metrics.jsonl and writes a checkpoint.
+// A non-finite loss on any rank stops every rank at the same step (the flag travels with the loss all-reduce)
+// with NonFiniteLossError naming the rank(s) and the step.
+//
+// Test hook: environment variable TANDEM_INJECT_NAN_AT_STEP=RANK:STEP makes rank RANK's loss NaN at optimizer
+// step STEP (0-based, counted from the start of the run).
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/data/batch_loader.h"
+#include "tandem/data/mnist_dataset.h"
+#include "tandem/train/metrics.h"
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+
+inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+
+struct TrainOptions {
+  std::string data_dir = kDefaultDataDir;  // an MNIST-format folder
+  std::string model = "cnn";               // a name in nn/model_registry.h
+  int epochs = 10;
+  int64_t batch_size = 64;                 // per process
+  double lr = 0.01;                        // multiplied by the world size, as in the seeds
+  double lrf = 0.1;                        // final lr = lr * lrf (cosine per epoch)
+  double momentum = 0.9;
+  double weight_decay = 0.005;
+  int64_t max_steps = 0;                   // stop after this many optimizer steps in all; 0: no limit
+  uint64_t seed = 0;                       // sampler seed and initial weights
+  bool shuffle = true;
+  std::optional<data::Normalization> normalization;  // unset: guessed from data_dir
+  std::string init_weights;                // safetensors file to start from (--init/--weights)
+  bool strict = false;                     // init_weights must match the model exactly
+  bool freeze_layers = false;              // train only the classifier head
+  std::string save_weights;                // final weights as safetensors (rank 0)
+  std::string run_dir;                     // empty: runs/<timestamp>, chosen by rank 0
+  bool resume = false;                     // continue from the newest checkpoint in run_dir (or the newest run)
+  bool checkpoint = true;                  // rank 0 writes a checkpoint at each epoch end (and at --steps)
+  int64_t prefetch_batches = 2;
+  bool progress = true;                    // rank 0's progress bar / periodic lines
+};
+
+struct TrainResult {
+  std::vector<EpochMetrics> epochs;  // the epochs this call evaluated
+  int64_t steps = 0;                 // optimizer steps since the start of the run (resumed runs included)
+  std::string run_dir;
+};
+
+// Thrown on every rank, at the same step, when any rank's loss is not finite.
+class NonFiniteLossError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same
+// group on every rank; the function issues the same collectives in the same order everywhere, so a failure
+// it detects (bad file, non-finite loss) is raised on all ranks rather than leaving some waiting.
+TrainResult train(const TrainOptions& options, const comm::CommunicatorPtr& communicator);
+
+// Correct predictions and samples counted over all ranks' shards of a test set.
+struct EvalCounts {
+  int64_t correct = 0;
+  int64_t total = 0;
+  double accuracy() const { return total > 0 ? static_cast<double>(correct) / total : 0.0; }
+};
+
+// Evaluates `forward` (images -> logits) on `loader`'s epoch `epoch` under NoGradGuard, counting only the real
+// rows of each batch (DistributedSampler padding excluded), then sums the counts over the ranks, so every test
+// sample counts exactly once whatever the world size. Collective: all ranks call it together.
+EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& forward, data::BatchLoader& loader,
+                    int64_t epoch, comm::Communicator* communicator);
+
+// The resolved configuration as `key: value` lines (what rank 0 prints at start).
+std::string describe(const TrainOptions& options, int world_size);
+
+}  // namespace tandem::train
