@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   CLI::App cli{"tandem: data-parallel training for C++ on LibTorch"};
   cli.require_subcommand(1);
   cli.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
+  // A wrong flag is one line, like every other error (CLI11's default adds a second "Run with --help" line).
+  cli.failure_message([](const CLI::App*, const CLI::Error& error) {
+    return fmt::format("tandem: error: {} (see --help)\n", error.what());
+  });
   std::map<CLI::App*, std::function<int()>> runners;
   try {
     for (auto& entry : app::registry()) {
@@ -46,7 +50,8 @@ int main(int argc, char** argv) {
     }
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return cli.exit(error);
+    // --help and --version exit 0; every wrong command line exits 2, like the InvalidArgument errors below.
+    return cli.exit(error) == 0 ? 0 : 2;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "tandem: error: %s\n", error.what());
     return 2;

@@ -11,10 +11,14 @@ namespace tandem::comm {
 namespace {
 
 int parse_int(const std::string& name, const std::string& value) {
+  // std::stoi alone would accept " 2" and "+2"; a scheduler never writes those, a typo in a script does.
+  const size_t first_digit = !value.empty() && value[0] == '-' ? 1 : 0;
+  const bool digits_only = value.size() > first_digit &&
+                           value.find_first_not_of("0123456789", first_digit) == std::string::npos;
   try {
     size_t used = 0;
-    int parsed = std::stoi(value, &used);
-    if (used == value.size()) return parsed;
+    int parsed = digits_only ? std::stoi(value, &used) : 0;
+    if (digits_only && used == value.size()) return parsed;
   } catch (const std::exception&) {
   }
   throw InvalidArgument(fmt::format("environment variable {}='{}' is not an integer", name, value));
@@ -48,6 +52,8 @@ void read_slurm(RankLayout& layout, const EnvLookup& env) {
     std::vector<int> counts = expand_slurm_tasks_per_node(*tasks);
     size_t node = static_cast<size_t>(layout.node_rank);
     layout.local_world_size = node < counts.size() ? counts[node] : counts.empty() ? 1 : counts.front();
+  } else {
+    layout.local_world_size = layout.world_size;
   }
   auto nodelist = env("SLURM_NODELIST");
   if (!nodelist) nodelist = env("SLURM_JOB_NODELIST");
@@ -66,7 +72,9 @@ void read_openmpi(RankLayout& layout, const EnvLookup& env) {
   layout.world_size = env_int(env, "OMPI_COMM_WORLD_SIZE").value_or(1);
   layout.local_rank = env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
   layout.local_world_size = env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(layout.world_size);
-  layout.node_rank = env_int(env, "OMPI_COMM_WORLD_NODE_RANK").value_or(layout.rank / std::max(layout.local_world_size, 1));
+  // Not OMPI_COMM_WORLD_NODE_RANK: that is this process's rank among all jobs' processes on its node, not the
+  // node's index. mpirun's default by-slot mapping fills nodes in rank order.
+  layout.node_rank = layout.rank / std::max(layout.local_world_size, 1);
   layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
   layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
 }
@@ -90,6 +98,8 @@ RankLayout detect_rank_layout(const ExplicitLayout& given, const EnvLookup& env)
   } else if (env("OMPI_COMM_WORLD_RANK")) {
     read_openmpi(layout, env);
   }
+  // Local values from the environment are checked only when explicit values did not replace part of them.
+  const bool local_from_environment = layout.source != "single" && !given.rank && !given.world_size && !given.local_rank;
   if (given.rank || given.world_size) {
     layout.source = "explicit";
     layout.rank = given.rank.value_or(layout.rank);
@@ -110,6 +120,12 @@ RankLayout detect_rank_layout(const ExplicitLayout& given, const EnvLookup& env)
   }
   if (layout.local_rank < 0) {
     throw InvalidArgument(fmt::format("local rank must not be negative, got {}", layout.local_rank));
+  }
+  if (local_from_environment && (layout.local_world_size < 1 || layout.local_rank >= layout.local_world_size)) {
+    throw InvalidArgument(fmt::format("local rank {} is outside local world size {} (from {}); local ranks run "
+                                      "from 0 to {}",
+                                      layout.local_rank, layout.local_world_size, layout.source,
+                                      layout.local_world_size - 1));
   }
   if (layout.master_port < 0 || layout.master_port > 65535) {
     throw InvalidArgument(fmt::format("master port {} is outside 0..65535", layout.master_port));

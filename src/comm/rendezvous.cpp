@@ -14,6 +14,11 @@ namespace {
 
 std::string join_key(int rank) { return fmt::format("tandem/join/{}", rank); }
 
+// Set by rank 0 when the join times out: the ranks that never came, for the ranks that did.
+const std::string kTimedOutKey = "tandem/join/timed_out";
+const std::string kTimedOutAcksKey = "tandem/join/timed_out/acks";
+constexpr std::chrono::seconds kTimedOutLinger{2};
+
 std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
 double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
@@ -103,21 +108,52 @@ void join(c10d::Store& store, int rank, int world_size, std::chrono::millisecond
   std::string identity = fmt::format("{} {}", world_size, ::getpid());
   store.set(me, std::vector<uint8_t>(identity.begin(), identity.end()));
 
+  const auto timed_out = [&](const std::string& missing_ranks) {
+    return TimeoutError(fmt::format(
+        "rendezvous timed out after {:.0f} s on rank {}: rank(s) {} of {} never joined; start every rank, "
+        "with the same WORLD_SIZE and master address, or raise the timeout",
+        seconds(timeout), rank, missing_ranks, world_size));
+  };
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<int> missing;
-  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
-    missing.clear();
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({join_key(r)})) missing.push_back(r);
+  try {
+    for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
+      missing.clear();
+      for (int r = 0; r < world_size; ++r) {
+        if (!store.check({join_key(r)})) missing.push_back(r);
+      }
+      if (missing.empty()) break;
+      // Rank 0 hosts the store and gives up first when it started first; the others learn from it which ranks
+      // were missing, rather than from a connection that broke under them.
+      if (rank != 0 && store.check({kTimedOutKey})) {
+        std::string missing_ranks = text_of(store.get(kTimedOutKey));
+        store.add(kTimedOutAcksKey, 1);
+        throw timed_out(missing_ranks);
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::string missing_ranks = describe_ranks(missing);
+        if (rank == 0) {
+          store.set(kTimedOutKey, std::vector<uint8_t>(missing_ranks.begin(), missing_ranks.end()));
+          // Keep the store up until the ranks that joined have read why (bounded: some may have left already).
+          const int joined_others = world_size - static_cast<int>(missing.size()) - 1;
+          const auto linger_until = std::chrono::steady_clock::now() + kTimedOutLinger;
+          while (store.add(kTimedOutAcksKey, 0) < joined_others && std::chrono::steady_clock::now() < linger_until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        } else {
+          store.add(kTimedOutAcksKey, 1);
+        }
+        throw timed_out(missing_ranks);
+      }
+      std::this_thread::sleep_for(pause);
     }
-    if (missing.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw TimeoutError(fmt::format(
-          "rendezvous timed out after {:.0f} s on rank {}: rank(s) {} of {} never joined; start every rank, "
-          "with the same WORLD_SIZE and master address, or raise the timeout",
-          seconds(timeout), rank, describe_ranks(missing), world_size));
-    }
-    std::this_thread::sleep_for(pause);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw CommError(fmt::format(
+        "rank {} lost the rendezvous store on rank 0 while waiting for rank(s) {} of {} ({}); rank 0 probably "
+        "failed: see its output",
+        rank, describe_ranks(missing), world_size, error.what()));
   }
   for (int r = 0; r < world_size; ++r) {
     std::string value = text_of(store.get(join_key(r)));

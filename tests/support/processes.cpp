@@ -110,6 +110,30 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::map<s
   return children[0].result;
 }
 
+BackgroundProcess::BackgroundProcess(const std::vector<std::string>& argv,
+                                     const std::map<std::string, std::string>& env) {
+  Child child = spawn(argv, env);
+  pid_ = child.pid;
+  output_fd_ = child.output_fd;
+  ::fcntl(output_fd_, F_SETFL, O_NONBLOCK);
+}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (finished_) return;
+  ::kill(-pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  ::close(output_fd_);
+}
+
+ProcessResult BackgroundProcess::finish(std::chrono::milliseconds deadline) {
+  std::vector<Child> children(1);
+  children[0].pid = pid_;
+  children[0].output_fd = output_fd_;
+  supervise(children, deadline);
+  finished_ = true;
+  return children[0].result;
+}
+
 std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& worker_test,
                                             std::chrono::milliseconds deadline,
                                             const std::map<std::string, std::string>& env) {

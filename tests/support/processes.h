@@ -20,6 +20,27 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                           std::chrono::milliseconds deadline = std::chrono::seconds(60));
 
+// A process started without waiting for it, for tests that act on it while it runs (signal it, say). Its
+// output is read only once finish() is called, so it must print less than a pipe holds (64 KiB) before then.
+class BackgroundProcess {
+ public:
+  explicit BackgroundProcess(const std::vector<std::string>& argv,
+                             const std::map<std::string, std::string>& env = {});
+  // Kills the process group if finish() was not called, so a failed assertion leaves nothing running.
+  ~BackgroundProcess();
+  BackgroundProcess(const BackgroundProcess&) = delete;
+  BackgroundProcess& operator=(const BackgroundProcess&) = delete;
+
+  int pid() const { return pid_; }
+  // Waits like run_process: at the deadline the whole group is killed and timed_out is set.
+  ProcessResult finish(std::chrono::milliseconds deadline = std::chrono::seconds(60));
+
+ private:
+  int pid_ = -1;
+  int output_fd_ = -1;
+  bool finished_ = false;
+};
+
 // Starts world_size copies of this test binary, each running only the test named `worker_test`
 // ("Suite.Name") with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT and
 // TANDEM_TEST_WORKER=1 set, and waits for all of them until the deadline.

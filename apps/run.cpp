@@ -1,0 +1,85 @@
+// `tandem run`: starts one worker process per device with the torchrun environment, prefixes their output
+// with the rank, and stops them all when one fails (docs/launcher.md).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "apps/command.h"
+#include "tandem/launch/launch_options.h"
+#include "tandem/launch/launcher.h"
+#include "tandem/util/error.h"
+
+namespace tandem::app {
+namespace {
+
+struct RunFlags {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string log_dir;
+  std::string gpus;
+  double grace_period_s = launch::kDefaultGracePeriod.count() / 1000.0;
+  std::vector<std::string> command;
+};
+
+std::function<int()> define_run(CLI::App& command) {
+  auto flags = std::make_shared<RunFlags>();
+  command.footer(
+      "Every worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and\n"
+      "OMP_NUM_THREADS (CPUs / workers, unless already set). Output lines are prefixed with the rank, e.g. \"[0] \".\n"
+      "When a worker exits non-zero or is killed, the others get SIGTERM (SIGKILL after --grace-period) and\n"
+      "tandem run exits with that worker's code (128 + signal). SIGINT/SIGTERM/SIGHUP are forwarded to every worker.\n"
+      "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) are accepted too.");
+  CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
+                                          "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)");
+  command.add_option("--nnodes", flags->nnodes, "Nodes in the job")->capture_default_str();
+  command.add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0..nnodes-1")
+      ->capture_default_str();
+  CLI::Option* addr = command.add_option("--master-addr,--master_addr", flags->master_addr,
+                                         "Host of node 0 (default 127.0.0.1; required with --nnodes > 1)");
+  CLI::Option* port = command.add_option(
+      "--master-port,--master_port", flags->master_port,
+      "Rendezvous port on node 0. Absent or 0 on one node: a free port. Absent with --nnodes > 1: 29500, so "
+      "that every node agrees without being told");
+  command.add_option("--log-dir,--log_dir", flags->log_dir, "Also write each rank's output to DIR/rank<r>.log");
+  // A plain string, not a CLI11 list: a list option would swallow the `--` that must precede the command.
+  command.add_option("--gpus", flags->gpus, "GPU indices for the workers, e.g. 2,7 (sets CUDA_VISIBLE_DEVICES)");
+  command.add_option("--grace-period", flags->grace_period_s,
+                     "Seconds between SIGTERM and SIGKILL when stopping the workers")
+      ->capture_default_str();
+  command.add_option("command", flags->command, "The program to run and its arguments, after --");
+  // Everything after the first word of the command belongs to the command, even if it looks like our flags.
+  command.positionals_at_end();
+
+  return [flags, nproc, addr, port, &command]() -> int {
+    // CLI11 keeps the "--" separator among the unused arguments; without it, a command's own flags would be
+    // read as tandem's (`tandem run python -m x` vs. `tandem run -- python -m x`).
+    std::vector<std::string> unused = command.remaining();
+    if (!flags->command.empty() && std::find(unused.begin(), unused.end(), "--") == unused.end()) {
+      throw InvalidArgument("put the command after `--`: tandem run [flags] -- " + flags->command.front() + " ...");
+    }
+    launch::LaunchOptions options;
+    if (nproc->count() > 0) options.nproc_per_node = flags->nproc_per_node;
+    options.nnodes = flags->nnodes;
+    options.node_rank = flags->node_rank;
+    if (addr->count() > 0) options.master_addr = flags->master_addr;
+    if (port->count() > 0) options.master_port = flags->master_port;
+    options.log_dir = flags->log_dir;
+    options.gpus = launch::parse_gpu_list(flags->gpus);
+    if (!(flags->grace_period_s >= 0) || !std::isfinite(flags->grace_period_s)) {
+      throw InvalidArgument("--grace-period must be a non-negative number of seconds");
+    }
+    options.grace_period = std::chrono::milliseconds(std::llround(flags->grace_period_s * 1000));
+    options.command = flags->command;
+    // Counting GPUs initialises CUDA, so it is done only when the count is needed.
+    const bool needs_gpu_count = !options.nproc_per_node && options.gpus.empty();
+    return launch::launch(launch::plan_launch(options, needs_gpu_count ? launch::visible_gpu_count() : 0));
+  };
+}
+
+const CommandRegistration kRun{"run", "Start one worker process per device, like torchrun", define_run};
+
+}  // namespace
+}  // namespace tandem::app

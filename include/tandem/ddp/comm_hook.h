@@ -1,0 +1,44 @@
+#pragma once
+// The hook point through which each gradient bucket is reduced across ranks. The reducer calls launch() on
+// the autograd thread the moment a bucket is complete and keeps the returned Work in flight while backward
+// goes on; at the end of backward it calls wait() on every bucket's Work, in bucket order.
+//
+// Contract: after wait(), bucket.buffer must hold the element-wise mean over all ranks of the buffers they
+// passed in (the whole buffer: the reducer keeps a few bookkeeping elements at the end of the last bucket).
+// The built-in hooks may be shared by several models; they keep per-bucket scratch space keyed by the buffer.
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+
+namespace tandem::ddp {
+
+struct GradBucket {
+  size_t index = 0;          // 0 is launched first
+  size_t bucket_count = 0;
+  torch::Tensor buffer;      // flat, one dtype; reduced in place
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual std::string name() const = 0;
+  virtual comm::WorkPtr launch(comm::Communicator& communicator, const GradBucket& bucket) = 0;
+};
+using CommHookPtr = std::shared_ptr<CommHook>;
+
+// All-reduce with ReduceOp::Avg in the bucket's own dtype (PyTorch's default).
+CommHookPtr make_average_hook();
+// Casts the bucket to float16 / bfloat16 (pre-divided by the world size, so the sum cannot overflow), sums
+// that, and casts back: half the bytes on the wire, at the cost of precision.
+CommHookPtr make_fp16_compress_hook();
+CommHookPtr make_bf16_compress_hook();
+
+// A Work that runs `then` once, after `inner` has completed (the decompression step of a hook).
+comm::WorkPtr then(comm::WorkPtr inner, std::function<void()> continuation);
+
+}  // namespace tandem::ddp

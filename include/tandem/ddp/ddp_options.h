@@ -1,0 +1,30 @@
+#pragma once
+// The knobs of DistributedDataParallel, with PyTorch's defaults. Every rank must pass the same values (the
+// construction check compares them, like the model itself).
+#include <memory>
+
+namespace tandem::ddp {
+
+class CommHook;
+
+struct DdpOptions {
+  // Gradients travel in buckets of about this many MiB; a bucket's all-reduce starts as soon as backward has
+  // produced all of its gradients, so smaller buckets start communicating earlier.
+  double bucket_cap_mb = 25.0;
+  // The first bucket (the last layers' gradients, which backward produces first) is kept small so that
+  // communication starts early, as in PyTorch.
+  double first_bucket_cap_mb = 1.0;
+  // Buffers (e.g. BatchNorm running statistics) follow rank 0 at each synchronised forward.
+  bool broadcast_buffers = true;
+  // Parameters that got no gradient in an iteration are treated as ready (their local gradient, or zero) so
+  // the reduction completes; parameters that no rank used keep their .grad untouched. Without it such a
+  // parameter is an error on every rank.
+  bool find_unused_parameters = false;
+  // Make each parameter's .grad a view into its bucket, saving one copy per parameter after the all-reduce.
+  // .grad then aliases the bucket: do not keep references to it across iterations.
+  bool gradient_as_bucket_view = false;
+  // How each bucket is reduced; null means plain averaging (make_average_hook()).
+  std::shared_ptr<CommHook> comm_hook;
+};
+
+}  // namespace tandem::ddp

@@ -1,0 +1,108 @@
+#pragma once
+// The engine of DistributedDataParallel, independent of the wrapped module's type. See docs/reducer.md for
+// the life cycle. In short:
+//   construction  check the ranks' models match, broadcast parameters and buffers from rank 0, form buckets,
+//                 hook every trainable parameter's AccumulateGrad node;
+//   forward       prepare_for_forward(): broadcast buffers, decide whether this iteration synchronises;
+//   backward      each hook copies its gradient into the bucket (or finds it already there, as a view); a
+//                 complete bucket is handed to the comm hook at once, in bucket order, while backward goes on;
+//                 the first hook queues an end-of-backward callback with the autograd engine;
+//   end of backward  the callback resolves parameters that got no gradient, waits for every bucket and
+//                 writes the averaged gradients back, so loss.backward() returns with synchronised .grad.
+//
+// Threading: hooks and the end-of-backward callback run on the autograd thread of the backward call; a mutex
+// guards the state anyway. In a world of one the reducer registers no hooks and costs nothing.
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/ddp/bucket.h"
+#include "tandem/ddp/comm_hook.h"
+#include "tandem/ddp/ddp_options.h"
+#include "tandem/ddp/replica_sync.h"
+#include "tandem/util/compat.h"
+
+namespace tandem::ddp {
+
+class Reducer {
+ public:
+  // Collective (every rank must construct its reducer at the same point). `communicator` may be null: a world
+  // of one. The tensors are the module's own; they must stay on their device for the reducer's lifetime.
+  Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameters,
+          const torch::OrderedDict<std::string, torch::Tensor>& buffers, comm::CommunicatorPtr communicator,
+          DdpOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Call right before the module's forward. Collective when buffers are broadcast (grad mode on, synchronised
+  // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync).
+  void prepare_for_forward();
+
+  // False while a NoSyncGuard is alive: the backward of a forward run then only accumulates .grad locally, and
+  // the next synchronised backward reduces the accumulated sum.
+  void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
+  bool require_sync() const { return require_sync_; }
+
+  // Replaces the comm hook; call between iterations, on every rank alike.
+  void register_comm_hook(CommHookPtr hook);
+
+  int world_size() const { return world_size_; }
+  const std::vector<BucketLayout>& bucket_layouts() const { return layouts_; }
+  // Names of the trainable parameters, in registration order (BucketLayout::params index into this).
+  std::vector<std::string> parameter_names() const;
+
+ private:
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    size_t bucket = 0;
+    torch::Tensor bucket_view;  // this parameter's slice of its bucket, shaped like it
+    compat::GradReadyHook hook;
+  };
+  struct Bucket {
+    torch::Tensor buffer;  // payload (the gradients), then the tail in the last bucket
+    size_t pending = 0;    // parameters of this bucket not yet ready in this backward
+    comm::WorkPtr work;
+  };
+
+  void mark_ready(size_t param_index);
+  void copy_grad_into_bucket(Param& param);
+  void launch_complete_buckets();
+  void fill_tail();
+  void finish_backward();
+  void write_back(const std::vector<char>& globally_used);
+  void reset_iteration();
+  void drain_in_flight() noexcept;
+
+  comm::CommunicatorPtr communicator_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  DdpOptions options_;
+  std::vector<Param> params_;
+  std::vector<BucketLayout> layouts_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<CoalescedBroadcaster> buffer_broadcaster_;
+
+  // Last bucket's tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
+  // find_unused_parameters), then, with find_unused_parameters, one "used since the last sync" flag per
+  // parameter. Riding on the last all-reduce, it tells every rank what the others saw at no extra collective.
+  int64_t tail_numel_ = 0;
+  std::vector<float> tail_host_;
+
+  std::mutex mutex_;
+  bool require_sync_ = true;        // set by NoSyncGuard
+  bool sync_this_iteration_ = true; // captured at forward
+  bool callback_queued_ = false;
+  bool local_unused_error_ = false;
+  size_t next_bucket_to_launch_ = 0;
+  std::vector<char> ready_;             // per parameter, in this synchronised backward
+  std::vector<char> used_since_sync_;   // per parameter, in any backward since the last synchronisation
+};
+
+}  // namespace tandem::ddp

@@ -1,0 +1,64 @@
+#pragma once
+// What `tandem run` was asked to do (LaunchOptions, straight from the command line) and what it will do
+// (LaunchPlan: every default filled in and every value checked). Turning one into the other is the only place
+// where the launcher's defaults live.
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::launch {
+
+inline constexpr std::chrono::milliseconds kDefaultGracePeriod{5000};
+
+struct LaunchOptions {
+  // Workers on this node; absent: one per GPU in --gpus, else one per visible GPU, else 1.
+  std::optional<int> nproc_per_node;
+  int nnodes = 1;
+  int node_rank = 0;
+  // Absent: 127.0.0.1 on a single node; required with nnodes > 1 (every node must name the same host).
+  std::optional<std::string> master_addr;
+  // Absent or 0 on a single node: a free port on this machine. Absent with nnodes > 1: kDefaultMasterPort,
+  // because the other nodes cannot learn a port picked here.
+  std::optional<int> master_port;
+  // Non-empty: each rank's output is also written to log_dir/rank<r>.log.
+  std::string log_dir;
+  // Non-empty: CUDA_VISIBLE_DEVICES for every worker, and the default nproc_per_node.
+  std::vector<int> gpus;
+  // After a worker fails (or the launcher is signalled), how long the others get between SIGTERM and SIGKILL.
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  // The program and its arguments, run once per local rank.
+  std::vector<std::string> command;
+};
+
+struct LaunchPlan {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string log_dir;
+  std::vector<int> gpus;
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  std::vector<std::string> command;
+
+  int world_size() const { return nnodes * nproc_per_node; }
+  int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
+  // log_dir/rank<r>.log, or empty without a log directory.
+  std::string log_path(int local_rank) const;
+};
+
+// Fills in the defaults and checks the options; throws InvalidArgument with one line naming the flag. gpu_count
+// is the number of visible GPUs (a parameter so tests need no GPU); a free port is picked only when needed.
+LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count);
+
+// "2,7" -> {2, 7}; "" -> {}. Throws InvalidArgument naming the entry that is not a GPU index.
+std::vector<int> parse_gpu_list(const std::string& text);
+
+// The number of GPUs LibTorch sees (0 on a CPU-only build).
+int visible_gpu_count();
+
+// A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it a little later, as torchrun does).
+int pick_free_port();
+
+}  // namespace tandem::launch

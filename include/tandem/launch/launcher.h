@@ -1,0 +1,36 @@
+#pragma once
+// Starts and supervises the workers of one node for `tandem run`. The failure model (docs/launcher.md):
+// the first worker to exit non-zero or die by a signal stops all the others (SIGTERM, then SIGKILL after the
+// grace period) and its exit code becomes the launcher's; SIGINT/SIGTERM/SIGHUP to the launcher are forwarded
+// to every worker; no worker outlives the launcher.
+#include <string>
+
+#include "tandem/launch/launch_options.h"
+
+namespace tandem::launch {
+
+// How one worker ended.
+struct WorkerExit {
+  int rank = 0;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // non-zero when a signal killed it
+
+  bool failed() const { return signal != 0 || exit_code != 0; }
+  // What a shell would report: the code, or 128 + the signal number.
+  int shell_code() const { return signal != 0 ? 128 + signal : exit_code; }
+  // "exited with code 7" or "was killed by signal SIGKILL (9)".
+  std::string describe() const;
+};
+
+// "SIGTERM", "SIGKILL", ...; "signal 42" for one without a name here.
+std::string signal_name(int signal);
+
+// Runs plan.command once per local rank and blocks until every worker and every process they started in their
+// process groups is gone. Worker output goes to this process's stdout/stderr with a "[rank] " prefix (and to
+// the rank's log file). Returns the exit code for `tandem run`: 0 when all succeeded, the failed worker's
+// shell_code(), 128 + signal when the launcher was signalled, 127 (126) when the command cannot be found
+// (executed). Those outcomes are reported on stderr in one line starting "tandem run: ". Throws Error when the
+// log directory cannot be created.
+int launch(const LaunchPlan& plan);
+
+}  // namespace tandem::launch

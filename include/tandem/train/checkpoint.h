@@ -1,0 +1,49 @@
+#pragma once
+// Training checkpoints: everything needed to continue a run as if it had never stopped. One safetensors file
+// per save (see docs/checkpoint.md):
+//   model.<name>             the model's parameters and buffers (PyTorch names)
+//   optimizer.momentum.<name> SGD momentum buffers of the parameters that have one
+//   __metadata__             format, epoch, step, batches_done, lr, base_lr, lrf, epochs, sampler_seed, world_size
+// Written by rank 0 only, atomically (temp file, fsync, rename), as RUN_DIR/checkpoint-<epoch>-<batch>.safetensors.
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+
+#include <optional>
+#include <string>
+
+namespace tandem::train {
+
+inline constexpr const char* kCheckpointFormat = "tandem-checkpoint-1";
+
+struct CheckpointState {
+  // The epoch being trained (0-based) and how many of its batches are done; a checkpoint at the end of epoch e
+  // holds epoch e + 1 and batches_done 0.
+  int epoch = 0;
+  int64_t batches_done = 0;
+  // Optimizer steps taken since the start of the run.
+  int64_t step = 0;
+  double lr = 0;       // the learning rate in use when saved
+  double base_lr = 0;  // world-size-scaled --lr
+  double lrf = 0;
+  int epochs = 0;
+  uint64_t sampler_seed = 0;
+  int world_size = 1;
+};
+
+// Writes model + optimizer state + `state` to `path` atomically. `module` is the bare model (not a wrapper),
+// so names are the PyTorch ones.
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::SGD& optimizer,
+                     const CheckpointState& state);
+
+// Restores model weights and momentum buffers in place (strict: every tensor must match) and returns the state.
+// Throws InvalidArgument naming the file if it is not a tandem checkpoint or does not fit the model.
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::SGD& optimizer);
+
+// RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors for (epoch, batches_done); names sort in training order.
+std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
+
+// The newest checkpoint in run_dir (latest epoch, then batch), or nullopt if there is none. Temp files of an
+// interrupted write are ignored.
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
+
+}  // namespace tandem::train

@@ -1,0 +1,47 @@
+#pragma once
+// Rank 0's view of training progress. On a terminal: one bar redrawn in place
+//   epoch 3/10 [#########.........] 412/937 loss 0.4123 9123 samples/s ETA 00:05
+// Otherwise (a log file, CI): a plain line about every tenth of an epoch, so logs stay short. Other ranks
+// construct it disabled and it prints nothing.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+
+namespace tandem::train {
+
+struct ProgressOptions {
+  bool enabled = true;              // false on ranks other than 0
+  std::FILE* out = stderr;
+  int lines_per_epoch = 10;         // plain mode only
+  // -1: detect with isatty(out); 0/1 force plain/bar (tests).
+  int terminal = -1;
+};
+
+class ProgressReporter {
+ public:
+  ProgressReporter(int epochs, int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
+                   ProgressOptions options = {});
+
+  // Starts timing an epoch that begins at batch `first_batch` (non-zero after a mid-epoch resume).
+  void start_epoch(int epoch, int64_t first_batch = 0);
+  // After batch `batch` (0-based) of the current epoch, with the running mean loss across ranks.
+  void update(int64_t batch, double mean_loss);
+  // Ends the bar's line (terminal mode).
+  void end_epoch();
+
+ private:
+  void draw(int64_t done, double mean_loss);
+
+  int epochs_;
+  int64_t batches_per_epoch_;
+  int64_t samples_per_batch_;
+  ProgressOptions options_;
+  bool terminal_ = false;
+  int epoch_ = 0;
+  int64_t first_batch_ = 0;
+  int64_t last_printed_ = -1;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+}  // namespace tandem::train

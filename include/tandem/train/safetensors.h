@@ -1,0 +1,57 @@
+#pragma once
+// The safetensors format (what PyTorch and the Hugging Face ecosystem exchange weights in): 8 bytes of
+// little-endian header length N, N bytes of JSON
+//   {"NAME": {"dtype": "F32", "shape": [..], "data_offsets": [BEGIN, END]}, ..., "__metadata__": {"k": "v"}}
+// then the raw little-endian tensor bytes, offsets relative to the end of the header. tandem uses it for
+// --init/--weights, --save-weights and checkpoints (see docs/checkpoint.md).
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem::train {
+
+// Named tensors in file order, plus the string metadata.
+struct TensorFile {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+
+  // nullptr-like undefined tensor if absent.
+  torch::Tensor find(const std::string& name) const;
+};
+
+// Writes atomically: to PATH.tmp.<pid>, fsync, rename over PATH, fsync the directory; a crash leaves either
+// the old file or the new one. Tensors are written contiguous from CPU; names must be unique and not
+// "__metadata__". Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL. Throws Error naming the file.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Reads every tensor onto the CPU. A truncated, corrupt or unsupported file throws InvalidArgument naming the
+// file and what is wrong.
+TensorFile load_safetensors(const std::string& path);
+
+// The module's parameters and buffers by their dotted names (its state dict), detached.
+std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::nn::Module& module);
+
+void save_weights(const torch::nn::Module& module, const std::string& path,
+                  const std::map<std::string, std::string>& metadata = {});
+
+// What load_weights did. `skipped` holds file tensors not used, each "NAME (why)"; `missing` holds module
+// tensors the file did not provide.
+struct LoadReport {
+  std::vector<std::string> loaded;
+  std::vector<std::string> skipped;
+  std::vector<std::string> missing;
+};
+
+// Copies file tensors into the module's same-named parameters/buffers (cast to their dtype, reshaped when only
+// the shape differs). Tensors whose name is unknown or whose element count differs are skipped and listed (the
+// seeds' pretrained-weight filter). With strict, any skipped or missing tensor throws InvalidArgument instead,
+// before anything is copied.
+LoadReport load_weights(torch::nn::Module& module, const std::string& path, bool strict = false);
+LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const std::string& path, bool strict);
+
+}  // namespace tandem::train

@@ -1,0 +1,69 @@
+#pragma once
+// The one place where tandem touches LibTorch internals that differ (or may differ) between LibTorch 1.13
+// and 2.x. Everything else in tandem uses only these wrappers.
+//
+// Checked against the headers: 1.13's torch/csrc/autograd/{function.h,function_hook.h,engine.h,variable.h}
+// and 2.x's. In both, Node::add_post_hook takes std::unique_ptr<FunctionPostHook>&& and returns a key for
+// del_post_hook, impl::grad_accumulator() returns the leaf's AccumulateGrad node (held by the tensor only
+// weakly) and Engine::queue_callback runs a callback when the current backward finishes. 2.x adds a
+// non-pure FunctionPostHook::compiled_args (compiled autograd), which tandem's hooks do not support.
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+
+#define TANDEM_TORCH_VERSION_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace tandem::compat {
+
+// A post hook on a leaf's AccumulateGrad node: it runs after the incoming gradient has been added into
+// param.grad(). Holding `accumulator` keeps the node (and so the hook) alive: a tensor holds it only weakly,
+// and a node created anew on the next backward would not carry the hook.
+struct GradReadyHook {
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  std::uintptr_t key = 0;
+};
+
+namespace detail {
+class CallbackPostHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit CallbackPostHook(std::function<void()> callback) : callback_(std::move(callback)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    callback_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> callback_;
+};
+}  // namespace detail
+
+// Calls `on_ready` on the autograd thread each time backward has accumulated a gradient into `param`.
+// `param` must be a leaf that requires grad.
+inline GradReadyHook add_grad_ready_hook(const torch::Tensor& param, std::function<void()> on_ready) {
+  GradReadyHook hook;
+  hook.accumulator = torch::autograd::impl::grad_accumulator(param);
+  hook.key = hook.accumulator->add_post_hook(std::make_unique<detail::CallbackPostHook>(std::move(on_ready)));
+  return hook;
+}
+
+inline void remove_grad_ready_hook(GradReadyHook& hook) {
+  if (hook.accumulator) hook.accumulator->del_post_hook(hook.key);
+  hook.accumulator.reset();
+}
+
+// Runs `callback` once the backward pass that is executing on this thread has finished every node; must be
+// called from inside that backward (a hook). An exception it throws comes out of loss.backward().
+inline void queue_end_of_backward_callback(std::function<void()> callback) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+}
+
+}  // namespace tandem::compat

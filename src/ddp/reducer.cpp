@@ -1,0 +1,297 @@
+#include "tandem/ddp/reducer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <exception>
+
+#include "tandem/util/error.h"
+
+namespace tandem::ddp {
+namespace {
+
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+bool is_same_storage(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes();
+}
+
+std::vector<int64_t> contiguous_strides(const torch::Tensor& tensor) {
+  std::vector<int64_t> strides(tensor.dim(), 1);
+  for (int64_t d = tensor.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * tensor.size(d + 1);
+  return strides;
+}
+
+}  // namespace
+
+Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameters,
+                 const torch::OrderedDict<std::string, torch::Tensor>& buffers, comm::CommunicatorPtr communicator,
+                 DdpOptions options)
+    : communicator_(std::move(communicator)), options_(std::move(options)) {
+  if (options_.bucket_cap_mb <= 0 || options_.first_bucket_cap_mb <= 0) {
+    throw InvalidArgument(fmt::format("bucket_cap_mb ({}) and first_bucket_cap_mb ({}) must be positive",
+                                      options_.bucket_cap_mb, options_.first_bucket_cap_mb));
+  }
+  if (!options_.comm_hook) options_.comm_hook = make_average_hook();
+  if (communicator_) {
+    rank_ = communicator_->rank();
+    world_size_ = communicator_->world_size();
+  }
+
+  std::vector<torch::Tensor> trainable;
+  for (const auto& item : parameters) {
+    if (!item.value().requires_grad()) continue;  // frozen: no bucket, no hook, no communication
+    if (item.value().is_sparse()) throw UnsupportedError("DistributedDataParallel does not support sparse parameters ('" + item.key() + "')");
+    Param param;
+    param.name = item.key();
+    param.tensor = item.value();
+    params_.push_back(std::move(param));
+    trainable.push_back(item.value());
+  }
+  layouts_ = assign_buckets(trainable, static_cast<int64_t>(options_.first_bucket_cap_mb * kBytesPerMb),
+                            static_cast<int64_t>(options_.bucket_cap_mb * kBytesPerMb));
+  if (world_size_ == 1) return;  // nothing to agree on or reduce: no hooks, no buffers, no cost
+
+  verify_replicas_match(*communicator_, parameters, buffers,
+                        fmt::format("bucket_cap_mb={} first_bucket_cap_mb={} broadcast_buffers={} "
+                                    "find_unused_parameters={} gradient_as_bucket_view={} comm_hook={}",
+                                    options_.bucket_cap_mb, options_.first_bucket_cap_mb, options_.broadcast_buffers,
+                                    options_.find_unused_parameters, options_.gradient_as_bucket_view,
+                                    options_.comm_hook->name()));
+  std::vector<torch::Tensor> state = parameters.values();
+  for (const auto& buffer : buffers.values()) state.push_back(buffer);
+  CoalescedBroadcaster(state).broadcast(*communicator_, 0);
+  if (options_.broadcast_buffers && !buffers.is_empty()) {
+    buffer_broadcaster_ = std::make_unique<CoalescedBroadcaster>(buffers.values());
+    if (buffer_broadcaster_->empty()) buffer_broadcaster_.reset();
+  }
+
+  tail_numel_ = world_size_ + (options_.find_unused_parameters ? static_cast<int64_t>(params_.size()) : 0);
+  tail_host_.assign(static_cast<size_t>(tail_numel_), 0.0f);
+  torch::NoGradGuard no_grad;
+  buckets_.resize(layouts_.size());
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    const BucketLayout& layout = layouts_[b];
+    const bool last = b + 1 == layouts_.size();
+    buckets_[b].buffer = torch::zeros({layout.numel + (last ? tail_numel_ : 0)},
+                                      torch::TensorOptions().dtype(layout.dtype).device(layout.device));
+    for (size_t k = 0; k < layout.params.size(); ++k) {
+      Param& param = params_[layout.params[k]];
+      param.bucket = b;
+      // Aliases the bucket's storage without being an autograd view, so that .grad can be this tensor and
+      // still be detach_()-ed and zeroed by LibTorch 1.13's Optimizer::zero_grad().
+      param.bucket_view = torch::empty({0}, buckets_[b].buffer.options())
+                              .set_(buckets_[b].buffer.storage(), layout.offsets[k], param.tensor.sizes(),
+                                    contiguous_strides(param.tensor));
+      if (options_.gradient_as_bucket_view && param.tensor.grad().defined()) {
+        param.bucket_view.copy_(param.tensor.grad());
+        param.tensor.mutable_grad() = param.bucket_view;
+      }
+    }
+  }
+  ready_.assign(params_.size(), 0);
+  used_since_sync_.assign(params_.size(), 0);
+  reset_iteration();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].hook = compat::add_grad_ready_hook(params_[i].tensor, [this, i] { mark_ready(i); });
+  }
+}
+
+Reducer::~Reducer() {
+  for (auto& param : params_) compat::remove_grad_ready_hook(param.hook);
+  drain_in_flight();
+}
+
+std::vector<std::string> Reducer::parameter_names() const {
+  std::vector<std::string> names;
+  for (const auto& param : params_) names.push_back(param.name);
+  return names;
+}
+
+void Reducer::register_comm_hook(CommHookPtr hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!callback_queued_, "register_comm_hook during backward");
+  options_.comm_hook = hook ? std::move(hook) : make_average_hook();
+}
+
+void Reducer::prepare_for_forward() {
+  if (world_size_ == 1) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A backward that died half way (an exception in the graph) never ran our end-of-backward callback.
+    if (callback_queued_) {
+      drain_in_flight();
+      reset_iteration();
+    }
+    sync_this_iteration_ = require_sync_ && torch::GradMode::is_enabled();
+  }
+  if (sync_this_iteration_ && buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
+}
+
+void Reducer::mark_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  used_since_sync_[index] = 1;
+  if (!sync_this_iteration_) return;  // no_sync: .grad just accumulates
+  Param& param = params_[index];
+  if (!callback_queued_) {
+    callback_queued_ = true;
+    compat::queue_end_of_backward_callback([this] { finish_backward(); });
+  }
+  if (ready_[index]) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: parameter '{}' received a gradient twice in one backward; run each forward's "
+        "backward once per synchronised iteration",
+        param.name));
+  }
+  ready_[index] = 1;
+  copy_grad_into_bucket(param);
+  if (--buckets_[param.bucket].pending == 0) launch_complete_buckets();
+}
+
+void Reducer::copy_grad_into_bucket(Param& param) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& grad = param.tensor.grad();
+  if (!grad.defined()) {
+    param.bucket_view.zero_();
+  } else if (grad.is_sparse()) {
+    throw UnsupportedError("DistributedDataParallel does not support sparse gradients ('" + param.name + "')");
+  } else if (!is_same_storage(grad, param.bucket_view)) {
+    param.bucket_view.copy_(grad);
+  }
+}
+
+// Buckets go out strictly in index order, the same on every rank, so the collectives match even if backward
+// completes them in a different order.
+void Reducer::launch_complete_buckets() {
+  while (next_bucket_to_launch_ < buckets_.size() && buckets_[next_bucket_to_launch_].pending == 0) {
+    const size_t index = next_bucket_to_launch_++;
+    if (index + 1 == buckets_.size()) fill_tail();
+    Bucket& bucket = buckets_[index];
+    bucket.work = options_.comm_hook->launch(*communicator_, GradBucket{index, buckets_.size(), bucket.buffer});
+  }
+}
+
+void Reducer::fill_tail() {
+  std::fill(tail_host_.begin(), tail_host_.end(), 0.0f);
+  tail_host_[rank_] = local_unused_error_ ? 1.0f : 0.0f;
+  if (options_.find_unused_parameters) {
+    for (size_t i = 0; i < params_.size(); ++i) tail_host_[world_size_ + i] = used_since_sync_[i] ? 1.0f : 0.0f;
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor& buffer = buckets_.back().buffer;
+  buffer.narrow(0, layouts_.back().numel, tail_numel_)
+      .copy_(torch::from_blob(tail_host_.data(), {tail_numel_}, torch::kFloat));
+}
+
+void Reducer::finish_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Parameters whose hook did not fire in this backward. Either they are treated as ready (with whatever
+  // .grad they accumulated under no_sync, or zero), or, without find_unused_parameters, they are zero-filled
+  // so that every collective still completes on every rank, and the error rides on the last bucket's tail.
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    Param& param = params_[i];
+    if (options_.find_unused_parameters) {
+      copy_grad_into_bucket(param);
+    } else {
+      torch::NoGradGuard no_grad;
+      param.bucket_view.zero_();
+      missing.push_back(param.name);
+    }
+    ready_[i] = 1;
+    --buckets_[param.bucket].pending;
+  }
+  local_unused_error_ = !missing.empty();
+  launch_complete_buckets();
+  TANDEM_CHECK(next_bucket_to_launch_ == buckets_.size(), "not every bucket was launched at the end of backward");
+
+  std::exception_ptr failure;
+  for (auto& bucket : buckets_) {
+    try {
+      bucket.work->wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) {
+    reset_iteration();
+    std::rethrow_exception(failure);
+  }
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor tail =
+      buckets_.back().buffer.narrow(0, layouts_.back().numel, tail_numel_).to(torch::kCPU, torch::kFloat);
+  const float* flags = tail.data_ptr<float>();
+  std::vector<int> ranks_missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (flags[r] != 0.0f) ranks_missing.push_back(r);
+  }
+  if (!ranks_missing.empty()) {
+    reset_iteration();
+    std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+    const std::string advice =
+        "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
+        "DdpOptions::find_unused_parameters = true";
+    if (!missing.empty()) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: parameters got no gradient in this backward on rank {} ({}); ranks with such "
+          "parameters: [{}]; {}",
+          rank_, fmt::join(missing, ", "), fmt::join(ranks_missing, ", "), advice));
+    }
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
+        "names them); {}",
+        fmt::join(ranks_missing, ", "), advice));
+  }
+
+  std::vector<char> globally_used;
+  if (options_.find_unused_parameters) {
+    globally_used.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = flags[world_size_ + i] != 0.0f;
+  }
+  write_back(globally_used);
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  reset_iteration();
+}
+
+void Reducer::write_back(const std::vector<char>& globally_used) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // A parameter no rank used keeps its .grad as it was, as in a single process.
+    if (!globally_used.empty() && !globally_used[i]) continue;
+    Param& param = params_[i];
+    torch::Tensor& grad = param.tensor.mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!is_same_storage(grad, param.bucket_view)) grad = param.bucket_view;
+    } else if (grad.defined()) {
+      grad.copy_(param.bucket_view);
+    } else {
+      grad = param.bucket_view.clone();
+    }
+  }
+}
+
+void Reducer::reset_iteration() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].pending = layouts_[b].params.size();
+    buckets_[b].work.reset();
+  }
+  next_bucket_to_launch_ = 0;
+  callback_queued_ = false;
+  local_unused_error_ = false;
+}
+
+void Reducer::drain_in_flight() noexcept {
+  for (auto& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait();
+    } catch (...) {
+      // Already failed; the reducer is being reset or destroyed and nobody can use the result.
+    }
+  }
+}
+
+}  // namespace tandem::ddp

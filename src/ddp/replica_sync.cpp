@@ -1,0 +1,146 @@
+#include "tandem/ddp/replica_sync.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "tandem/util/error.h"
+
+namespace tandem::ddp {
+namespace {
+
+constexpr int64_t kDescriptionBytes = 256;
+
+std::string describe(const std::string& kind, const std::string& name, const torch::Tensor& tensor) {
+  std::ostringstream out;
+  out << kind << " '" << name << "' " << tensor.sizes() << " " << tensor.scalar_type();
+  if (kind == "parameter") out << (tensor.requires_grad() ? " trainable" : " frozen");
+  return out.str();
+}
+
+// FNV-1a, forced non-zero so that 0 can mean "no such entry on this rank".
+int64_t fingerprint(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(hash == 0 ? 1 : hash);
+}
+
+std::vector<torch::Tensor> gather(comm::Communicator& communicator, const torch::Tensor& input) {
+  std::vector<torch::Tensor> outputs(communicator.world_size());
+  for (auto& out : outputs) out = torch::empty_like(input);
+  communicator.all_gather(outputs, input)->wait();
+  return outputs;
+}
+
+}  // namespace
+
+void verify_replicas_match(comm::Communicator& communicator, const torch::OrderedDict<std::string, torch::Tensor>& parameters,
+                           const torch::OrderedDict<std::string, torch::Tensor>& buffers, const std::string& settings) {
+  std::vector<std::string> entries;
+  entries.push_back("settings {" + settings + "}");
+  for (const auto& item : parameters) entries.push_back(describe("parameter", item.key(), item.value()));
+  for (const auto& item : buffers) entries.push_back(describe("buffer", item.key(), item.value()));
+
+  std::string all;
+  for (const auto& entry : entries) all += entry + "\n";
+  const int world = communicator.world_size();
+  auto summaries = gather(communicator, torch::tensor({static_cast<int64_t>(entries.size()), fingerprint(all)}));
+  bool same = true;
+  int64_t max_count = 0;
+  for (const auto& summary : summaries) {
+    same = same && torch::equal(summary, summaries[0]);
+    max_count = std::max(max_count, summary[0].item<int64_t>());
+  }
+  if (same) return;
+
+  // Slow path, taken by every rank alike since all saw the same summaries: find the first differing entry.
+  torch::Tensor hashes = torch::zeros({max_count}, torch::kLong);
+  for (size_t i = 0; i < entries.size(); ++i) hashes[i] = fingerprint(entries[i]);
+  auto all_hashes = gather(communicator, hashes);
+  int64_t first = 0;
+  while (first < max_count) {
+    bool differs = false;
+    for (int r = 1; r < world; ++r) differs = differs || !all_hashes[r][first].equal(all_hashes[0][first]);
+    if (differs) break;
+    ++first;
+  }
+  TANDEM_CHECK(first < max_count, "replica fingerprints differ but no entry does");
+
+  std::string mine = first < static_cast<int64_t>(entries.size()) ? entries[first] : "nothing";
+  mine.resize(std::min<size_t>(mine.size(), kDescriptionBytes - 1));
+  torch::Tensor text = torch::zeros({kDescriptionBytes}, torch::kByte);
+  std::memcpy(text.data_ptr<uint8_t>(), mine.data(), mine.size());
+  auto texts = gather(communicator, text);
+
+  // Group ranks by what they have at that entry, rank 0's version first.
+  std::vector<std::pair<std::string, std::vector<int>>> versions;
+  for (int r = 0; r < world; ++r) {
+    std::string version(reinterpret_cast<const char*>(texts[r].data_ptr<uint8_t>()));
+    auto found = std::find_if(versions.begin(), versions.end(), [&](const auto& v) { return v.first == version; });
+    if (found == versions.end()) {
+      versions.push_back({version, {r}});
+    } else {
+      found->second.push_back(r);
+    }
+  }
+  std::string detail;
+  for (const auto& [version, ranks] : versions) {
+    detail += fmt::format("{}ranks [{}] have {}", detail.empty() ? "" : "; ", fmt::join(ranks, ", "), version);
+  }
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: the ranks' models differ at entry {}: {}; every rank must build the same model "
+      "(and pass the same options) before wrapping it",
+      first, detail));
+}
+
+CoalescedBroadcaster::CoalescedBroadcaster(std::vector<torch::Tensor> tensors) {
+  std::map<std::pair<int, std::string>, size_t> group_of;
+  for (auto& tensor : tensors) {
+    if (tensor.numel() == 0) continue;
+    auto key = std::make_pair(static_cast<int>(tensor.scalar_type()), tensor.device().str());
+    auto [it, inserted] = group_of.emplace(key, groups_.size());
+    if (inserted) groups_.emplace_back();
+    groups_[it->second].tensors.push_back(tensor);
+  }
+  for (auto& group : groups_) {
+    int64_t numel = 0;
+    for (const auto& tensor : group.tensors) numel += tensor.numel();
+    group.flat = torch::empty({numel}, group.tensors.front().options().requires_grad(false));
+  }
+}
+
+void CoalescedBroadcaster::broadcast(comm::Communicator& communicator, int root) {
+  torch::NoGradGuard no_grad;
+  const bool is_root = communicator.rank() == root;
+  std::vector<comm::WorkPtr> works;
+  works.reserve(groups_.size());
+  for (auto& group : groups_) {
+    if (is_root) {
+      int64_t offset = 0;
+      for (const auto& tensor : group.tensors) {
+        group.flat.narrow(0, offset, tensor.numel()).view_as(tensor).copy_(tensor);
+        offset += tensor.numel();
+      }
+    }
+    works.push_back(communicator.broadcast(group.flat, root));
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    works[g]->wait();
+    if (is_root) continue;
+    int64_t offset = 0;
+    for (auto& tensor : groups_[g].tensors) {
+      tensor.copy_(groups_[g].flat.narrow(0, offset, tensor.numel()).view_as(tensor));
+      offset += tensor.numel();
+    }
+  }
+}
+
+}  // namespace tandem::ddp

@@ -1,0 +1,116 @@
+#include "tandem/launch/launch_options.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "tandem/comm/rank_layout.h"
+#include "tandem/util/error.h"
+
+namespace tandem::launch {
+
+std::string LaunchPlan::log_path(int local_rank) const {
+  if (log_dir.empty()) return {};
+  return fmt::format("{}/rank{}.log", log_dir, global_rank(local_rank));
+}
+
+std::vector<int> parse_gpu_list(const std::string& text) {
+  std::vector<int> gpus;
+  if (text.empty()) return gpus;
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string entry = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (entry.empty() || entry.size() > 6 || entry.find_first_not_of("0123456789") != std::string::npos) {
+      throw InvalidArgument(
+          fmt::format("--gpus '{}': '{}' is not a GPU index; list them like --gpus 0,1 or --gpus 2,7", text, entry));
+    }
+    gpus.push_back(std::stoi(entry));
+    if (comma == std::string::npos) return gpus;
+    start = comma + 1;
+  }
+}
+
+int visible_gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
+
+int pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw CommError("cannot open a socket to find a free port; pass --master-port");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(fd);
+  if (!ok) throw CommError("cannot find a free port on 127.0.0.1; pass --master-port");
+  return ntohs(address.sin_port);
+}
+
+LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
+  LaunchPlan plan;
+  if (options.command.empty()) {
+    throw InvalidArgument("no command to run: put it after `--`, e.g. tandem run --nproc-per-node 2 -- ./train");
+  }
+  plan.command = options.command;
+
+  if (options.nnodes < 1) throw InvalidArgument(fmt::format("--nnodes must be at least 1, got {}", options.nnodes));
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    throw InvalidArgument(fmt::format("--node-rank {} is outside 0..{} for --nnodes {}", options.node_rank,
+                                      options.nnodes - 1, options.nnodes));
+  }
+  plan.nnodes = options.nnodes;
+  plan.node_rank = options.node_rank;
+
+  std::set<int> seen;
+  for (int gpu : options.gpus) {
+    if (gpu < 0) throw InvalidArgument(fmt::format("--gpus lists {}, but GPU indices start at 0", gpu));
+    if (!seen.insert(gpu).second) throw InvalidArgument(fmt::format("--gpus lists GPU {} twice", gpu));
+  }
+  plan.gpus = options.gpus;
+  const int default_nproc = !plan.gpus.empty() ? static_cast<int>(plan.gpus.size()) : std::max(gpu_count, 1);
+  plan.nproc_per_node = options.nproc_per_node.value_or(default_nproc);
+  if (plan.nproc_per_node < 1) {
+    throw InvalidArgument(fmt::format("--nproc-per-node must be at least 1, got {}", plan.nproc_per_node));
+  }
+  if (!plan.gpus.empty() && plan.nproc_per_node > static_cast<int>(plan.gpus.size())) {
+    throw InvalidArgument(fmt::format(
+        "--nproc-per-node {} asks for more ranks than the {} GPU(s) listed in --gpus {}; list more GPUs or "
+        "start fewer ranks per node",
+        plan.nproc_per_node, plan.gpus.size(), fmt::join(plan.gpus, ",")));
+  }
+
+  if (plan.nnodes > 1 && !options.master_addr) {
+    throw InvalidArgument(fmt::format(
+        "--nnodes {} needs --master-addr: the host of node 0, the same on every node", plan.nnodes));
+  }
+  plan.master_addr = options.master_addr.value_or("127.0.0.1");
+  if (plan.master_addr.empty()) throw InvalidArgument("--master-addr must not be empty");
+
+  const int port = options.master_port.value_or(0);
+  if (port < 0 || port > 65535) throw InvalidArgument(fmt::format("--master-port {} is outside 0..65535", port));
+  if (port != 0) {
+    plan.master_port = port;
+  } else if (plan.nnodes == 1) {
+    plan.master_port = pick_free_port();
+  } else if (!options.master_port) {
+    plan.master_port = comm::kDefaultMasterPort;
+  } else {
+    throw InvalidArgument(fmt::format(
+        "--master-port 0 picks a port on this machine only, but --nnodes {} needs every node to name the same "
+        "port; pass one explicitly (or leave it out for {})",
+        plan.nnodes, comm::kDefaultMasterPort));
+  }
+
+  if (options.grace_period.count() < 0) throw InvalidArgument("--grace-period must not be negative");
+  plan.grace_period = options.grace_period;
+  plan.log_dir = options.log_dir;
+  return plan;
+}
+
+}  // namespace tandem::launch

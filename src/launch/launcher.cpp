@@ -1,0 +1,494 @@
+#include "tandem/launch/launcher.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "tandem/launch/line_buffer.h"
+#include "tandem/launch/worker_environment.h"
+#include "tandem/util/error.h"
+
+extern char** environ;
+
+namespace tandem::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signals the launcher passes on to its workers; a second one while stopping escalates to SIGKILL.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// How long SIGKILLed processes get to vanish before the launcher stops waiting (only a process stuck in
+// uninterruptible I/O takes longer).
+constexpr std::chrono::seconds kKillWait{10};
+// While stopping, how often to look whether the workers' process groups are empty: members that are not the
+// launcher's children send it no SIGCHLD.
+constexpr int kStopPollMs = 20;
+
+// The self-pipe through which signal handlers wake the poll loop; handlers may run on any thread.
+int signal_pipe[2] = {-1, -1};
+
+void on_signal(int signal) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(signal);
+  ssize_t ignored = ::write(signal_pipe[1], &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+// Owns the launcher's signal handlers for the duration of launch(), and puts the previous ones back after.
+class SignalRelay {
+ public:
+  SignalRelay() {
+    if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("cannot create the launcher's signal pipe");
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (int signal : kForwardedSignals) install(signal, action);
+    action.sa_flags |= SA_NOCLDSTOP;
+    install(SIGCHLD, action);
+    // A closed terminal or `| head` must not kill the launcher (and with it, abruptly, every worker).
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    install(SIGPIPE, ignore);
+  }
+  ~SignalRelay() {
+    for (auto& [signal, previous] : previous_) ::sigaction(signal, &previous, nullptr);
+    ::close(signal_pipe[0]);
+    ::close(signal_pipe[1]);
+    signal_pipe[0] = signal_pipe[1] = -1;
+  }
+  SignalRelay(const SignalRelay&) = delete;
+  SignalRelay& operator=(const SignalRelay&) = delete;
+
+  int fd() const { return signal_pipe[0]; }
+
+ private:
+  void install(int signal, const struct sigaction& action) {
+    previous_.push_back({signal, {}});
+    ::sigaction(signal, &action, &previous_.back().second);
+  }
+  std::vector<std::pair<int, struct sigaction>> previous_;
+};
+
+// Writes everything, or gives up quietly when the reader is gone: worker output must never stop the launcher.
+void write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote > 0) {
+      done += static_cast<size_t>(wrote);
+    } else if (wrote < 0 && errno == EAGAIN) {
+      pollfd wait{fd, POLLOUT, 0};
+      ::poll(&wait, 1, 100);
+    } else if (!(wrote < 0 && errno == EINTR)) {
+      return;
+    }
+  }
+}
+
+void report(const std::string& message) { write_all(STDERR_FILENO, "tandem run: " + message + "\n"); }
+
+struct OutputStream {
+  size_t owner = 0;      // index of the worker it belongs to
+  int fd = -1;           // read end of the worker's pipe; -1 once it reached end of file
+  int terminal_fd = -1;  // the launcher's own stdout or stderr
+  LineBuffer lines;
+};
+
+struct Worker {
+  int local_rank = 0;
+  pid_t pid = -1;  // also the id of the worker's process group
+  bool running = false;
+  WorkerExit exit;
+  OutputStream out;
+  OutputStream err;
+  int log_fd = -1;
+  std::string log_path;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchPlan& plan) : plan_(plan) {}
+  ~Supervisor() {
+    for (Worker& worker : workers_) {
+      for (int fd : {worker.out.fd, worker.err.fd, worker.log_fd}) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  }
+
+  int run() {
+    open_logs();
+    start_workers();
+    supervise();
+    return finish();
+  }
+
+ private:
+  void open_logs() {
+    workers_.resize(static_cast<size_t>(plan_.nproc_per_node));
+    if (!plan_.log_dir.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(plan_.log_dir, error);
+      if (error) throw Error(fmt::format("cannot create --log-dir '{}': {}", plan_.log_dir, error.message()));
+    }
+    for (int local = 0; local < plan_.nproc_per_node; ++local) {
+      Worker& worker = workers_[static_cast<size_t>(local)];
+      worker.local_rank = local;
+      worker.exit.rank = plan_.global_rank(local);
+      worker.log_path = plan_.log_path(local);
+      if (worker.log_path.empty()) continue;
+      worker.log_fd = ::open(worker.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (worker.log_fd < 0) {
+        throw Error(fmt::format("cannot write the log file '{}': {}", worker.log_path, std::strerror(errno)));
+      }
+    }
+  }
+
+  std::vector<std::string> environment_for(int local_rank) const {
+    auto overrides = worker_environment(plan_, local_rank, comm::process_environment(), usable_cpu_count());
+    std::vector<std::string> entries;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      std::string text(*entry);
+      if (overrides.count(text.substr(0, text.find('='))) == 0) entries.push_back(std::move(text));
+    }
+    for (const auto& [name, value] : overrides) entries.push_back(name + "=" + value);
+    return entries;
+  }
+
+  void start_workers() {
+    // Orphans of the workers (a shell's children, say) are re-parented to the launcher, so it can reap them
+    // and know when a worker's whole process group is gone.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    for (Worker& worker : workers_) {
+      int error = spawn(worker);
+      if (error == 0) continue;
+      exec_failure_code_ = error == ENOENT ? 127 : 126;
+      exec_failure_ = fmt::format("cannot execute '{}' for rank {}: {}{}", plan_.command.front(), worker.exit.rank,
+                                  std::strerror(error),
+                                  error == ENOENT && plan_.command.front().find('/') == std::string::npos
+                                      ? " (not found in PATH)"
+                                      : "");
+      begin_stop(SIGTERM);
+      return;
+    }
+  }
+
+  // Starts one worker; returns 0, or the errno of a failed exec (the child is then already reaped).
+  int spawn(Worker& worker) {
+    std::vector<std::string> env = environment_for(worker.local_rank);
+    std::vector<char*> envp;
+    for (auto& entry : env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = plan_.command;
+    std::vector<char*> argv;
+    for (auto& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+
+    int out[2], err[2], exec_status[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_status, O_CLOEXEC) != 0) {
+      throw Error(fmt::format("cannot create pipes for rank {}: {}", worker.exit.rank, std::strerror(errno)));
+    }
+    int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t launcher = ::getpid();
+
+    // With every signal blocked across fork, the child cannot run the launcher's handlers before it resets them.
+    sigset_t all, previous;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      // The child: only async-signal-safe calls until exec, since the launcher may have other threads.
+      struct sigaction default_action {};
+      default_action.sa_handler = SIG_DFL;
+      for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::sigaction(signal, &default_action, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      // Its own process group, so one kill() reaches everything it starts, and the terminal's Ctrl-C reaches
+      // only the launcher, which forwards it exactly once.
+      ::setpgid(0, 0);
+      // If the launcher dies without cleaning up (SIGKILL), the kernel kills the worker.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
+      if (dev_null >= 0) ::dup2(dev_null, STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      int error = errno;
+      ssize_t ignored = ::write(exec_status[1], &error, sizeof(error));
+      (void)ignored;
+      ::_exit(127);
+    }
+    int fork_error = errno;
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    for (int fd : {out[1], err[1], exec_status[1], dev_null}) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (pid < 0) {
+      for (int fd : {out[0], err[0], exec_status[0]}) ::close(fd);
+      throw Error(fmt::format("cannot start rank {}: fork failed: {}", worker.exit.rank, std::strerror(fork_error)));
+    }
+    ::setpgid(pid, pid);  // also here, so no kill(-pid) can race the child's own setpgid
+
+    // The status pipe closes on a successful exec, or carries exec's errno.
+    int exec_errno = 0;
+    ssize_t got;
+    do {
+      got = ::read(exec_status[0], &exec_errno, sizeof(exec_errno));
+    } while (got < 0 && errno == EINTR);
+    ::close(exec_status[0]);
+    if (got == static_cast<ssize_t>(sizeof(exec_errno))) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      ::close(out[0]);
+      ::close(err[0]);
+      return exec_errno;
+    }
+
+    worker.pid = pid;
+    worker.running = true;
+    worker.out = {static_cast<size_t>(worker.local_rank), out[0], STDOUT_FILENO, {}};
+    worker.err = {static_cast<size_t>(worker.local_rank), err[0], STDERR_FILENO, {}};
+    for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return 0;
+  }
+
+  void supervise() {
+    while (true) {
+      bool any_running = false;
+      for (const Worker& worker : workers_) any_running = any_running || worker.running;
+      if (!any_running) {
+        if (!any_group_alive()) break;
+        // Every worker has exited but something it started lives on in its process group: stop it too.
+        if (phase_ == Phase::kRunning) begin_stop(SIGTERM);
+      }
+      const auto now = Clock::now();
+      if (phase_ == Phase::kStopping && now >= deadline_) {
+        kill_all();
+      } else if (phase_ == Phase::kKilling && now >= deadline_) {
+        report(fmt::format("some processes of the workers survived SIGKILL for {} s; giving up on them",
+                           kKillWait.count()));
+        break;
+      }
+
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      std::vector<OutputStream*> streams;
+      for (Worker& worker : workers_) {
+        for (OutputStream* stream : {&worker.out, &worker.err}) {
+          if (stream->fd < 0) continue;
+          fds.push_back({stream->fd, POLLIN, 0});
+          streams.push_back(stream);
+        }
+      }
+      int timeout_ms = phase_ == Phase::kRunning ? -1 : kStopPollMs;
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+        throw Error(fmt::format("poll failed while supervising the workers: {}", std::strerror(errno)));
+      }
+      if (fds[0].revents != 0) handle_signals();
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) read_output(*streams[i - 1]);
+      }
+    }
+    // Output still buffered in pipes held by a process that escaped the process groups is read, not waited for.
+    for (Worker& worker : workers_) {
+      for (OutputStream* stream : {&worker.out, &worker.err}) {
+        while (stream->fd >= 0 && read_output(*stream)) {
+        }
+        if (stream->fd >= 0) close_stream(*stream);
+      }
+    }
+  }
+
+  int finish() {
+    if (!exec_failure_.empty()) {
+      report(exec_failure_);
+      return exec_failure_code_;
+    }
+    if (failure_) {
+      const Worker& failed = workers_[failed_worker_];
+      std::string log = failed.log_path.empty() ? "" : fmt::format(" (log: {})", failed.log_path);
+      report(fmt::format("rank {} {}{}; stopped the other {} worker(s)", failure_->rank, failure_->describe(), log,
+                         stopped_others_));
+      return failure_->shell_code();
+    }
+    if (interrupt_signal_ != 0) {
+      report(fmt::format("received {}; forwarded it to the {} worker(s) and stopped them",
+                         signal_name(interrupt_signal_), workers_.size()));
+      return 128 + interrupt_signal_;
+    }
+    return 0;
+  }
+
+  void handle_signals() {
+    unsigned char signals[64];
+    ssize_t got;
+    bool child_changed = false;
+    while ((got = ::read(signal_fd_, signals, sizeof(signals))) > 0) {
+      for (ssize_t i = 0; i < got; ++i) {
+        if (signals[i] == SIGCHLD) {
+          child_changed = true;
+        } else {
+          on_launcher_signal(signals[i]);
+        }
+      }
+    }
+    if (child_changed) reap();
+  }
+
+  void on_launcher_signal(int signal) {
+    if (phase_ == Phase::kRunning) {
+      interrupt_signal_ = signal;
+      begin_stop(signal);
+    } else if (phase_ == Phase::kStopping) {
+      // Asked twice (Ctrl-C again): no more grace.
+      kill_all();
+    }
+  }
+
+  // Reaps every exited child: the workers, and orphans of theirs that were re-parented to the launcher.
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (Worker& worker : workers_) {
+        if (worker.pid == pid && worker.running) on_worker_exit(worker, status);
+      }
+    }
+  }
+
+  void on_worker_exit(Worker& worker, int status) {
+    worker.running = false;
+    if (WIFEXITED(status)) worker.exit.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) worker.exit.signal = WTERMSIG(status);
+    // Only the first failure counts: the others are usually the workers this launcher is stopping.
+    if (phase_ == Phase::kRunning && worker.exit.failed()) {
+      failure_ = worker.exit;
+      failed_worker_ = static_cast<size_t>(worker.local_rank);
+      for (const Worker& other : workers_) stopped_others_ += other.running ? 1 : 0;
+      begin_stop(SIGTERM);
+    }
+  }
+
+  // Returns whether it read anything; closes the stream at end of file.
+  bool read_output(OutputStream& stream) {
+    char buffer[64 * 1024];
+    ssize_t got = ::read(stream.fd, buffer, sizeof(buffer));
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    Worker& worker = owner_of(stream);
+    if (got <= 0) {
+      close_stream(stream);
+      return false;
+    }
+    stream.lines.feed(buffer, static_cast<size_t>(got), [&](const std::string& line) { emit(worker, stream, line); });
+    return true;
+  }
+
+  void close_stream(OutputStream& stream) {
+    Worker& worker = owner_of(stream);
+    stream.lines.flush([&](const std::string& line) { emit(worker, stream, line); });
+    ::close(stream.fd);
+    stream.fd = -1;
+  }
+
+  Worker& owner_of(const OutputStream& stream) { return workers_.at(stream.owner); }
+
+  void emit(const Worker& worker, const OutputStream& stream, const std::string& line) {
+    // One write per line keeps the ranks' lines whole on the terminal.
+    write_all(stream.terminal_fd, fmt::format("[{}] {}\n", worker.exit.rank, line));
+    if (worker.log_fd >= 0) write_all(worker.log_fd, line + "\n");
+  }
+
+  // Sends `signal` to every worker's process group, including groups whose leader has exited but whose
+  // children live on.
+  void signal_groups(int signal) {
+    for (const Worker& worker : workers_) {
+      if (worker.pid > 0) ::kill(-worker.pid, signal);
+    }
+  }
+
+  void begin_stop(int signal) {
+    signal_groups(signal);
+    if (phase_ != Phase::kRunning) return;
+    phase_ = Phase::kStopping;
+    deadline_ = Clock::now() + plan_.grace_period;
+  }
+
+  void kill_all() {
+    signal_groups(SIGKILL);
+    phase_ = Phase::kKilling;
+    deadline_ = Clock::now() + kKillWait;
+  }
+
+  bool any_group_alive() const {
+    for (const Worker& worker : workers_) {
+      if (worker.pid > 0 && (::kill(-worker.pid, 0) == 0 || errno == EPERM)) return true;
+    }
+    return false;
+  }
+
+  enum class Phase { kRunning, kStopping, kKilling };
+
+  const LaunchPlan& plan_;
+  SignalRelay signals_;
+  const int signal_fd_ = signals_.fd();
+  std::vector<Worker> workers_;
+  Phase phase_ = Phase::kRunning;
+  Clock::time_point deadline_;
+  std::optional<WorkerExit> failure_;
+  size_t failed_worker_ = 0;
+  int stopped_others_ = 0;
+  int interrupt_signal_ = 0;
+  std::string exec_failure_;
+  int exec_failure_code_ = 0;
+};
+
+}  // namespace
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGSYS: return "SIGSYS";
+    default: return fmt::format("signal {}", signal);
+  }
+}
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) return fmt::format("was killed by signal {} ({})", signal_name(signal), signal);
+  return fmt::format("exited with code {}", exit_code);
+}
+
+int launch(const LaunchPlan& plan) {
+  Supervisor supervisor(plan);
+  return supervisor.run();
+}
+
+}  // namespace tandem::launch

@@ -1,0 +1,39 @@
+#include "tandem/launch/worker_environment.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sched.h>
+
+#include <algorithm>
+
+namespace tandem::launch {
+
+int usable_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(CPU_COUNT(&set), 1);
+  return 1;
+}
+
+std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank,
+                                                      const comm::EnvLookup& parent, int cpu_count) {
+  std::map<std::string, std::string> env{
+      {"RANK", std::to_string(plan.global_rank(local_rank))},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(plan.world_size())},
+      {"LOCAL_WORLD_SIZE", std::to_string(plan.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(plan.node_rank)},
+      {"MASTER_ADDR", plan.master_addr},
+      {"MASTER_PORT", std::to_string(plan.master_port)},
+  };
+  // N workers each running cpu_count OpenMP threads would oversubscribe the node N times over; a value the
+  // user exported is a deliberate choice and is kept.
+  if (!parent("OMP_NUM_THREADS")) {
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(cpu_count / plan.nproc_per_node, 1));
+  }
+  // Every worker sees the same listed GPUs and picks cuda:LOCAL_RANK among them, as under torchrun.
+  if (!plan.gpus.empty()) env["CUDA_VISIBLE_DEVICES"] = fmt::format("{}", fmt::join(plan.gpus, ","));
+  return env;
+}
+
+}  // namespace tandem::launch

@@ -1,0 +1,63 @@
+#include "tandem/nn/cnn_net.h"
+
+#include <torch/nn/functional/activation.h>
+
+#include "tandem/nn/model_registry.h"
+#include "tandem/util/error.h"
+
+namespace tandem::nn {
+
+namespace {
+torch::nn::Conv2dOptions conv5x5(int64_t in, int64_t out) { return torch::nn::Conv2dOptions(in, out, 5).stride(1).padding(1); }
+torch::nn::MaxPool2dOptions pool2x2() { return torch::nn::MaxPool2dOptions(2).stride(2).padding(1); }
+}  // namespace
+
+int64_t CnnNetImpl::feature_side(int64_t image_size) {
+  // conv 5x5 padding 1 shrinks by 2; pool 2 stride 2 padding 1 maps s to floor(s / 2) + 1.
+  int64_t side = image_size - 2;
+  side = side / 2 + 1;
+  side -= 2;
+  side = side / 2 + 1;
+  side -= 2;
+  return side;
+}
+
+CnnNetImpl::CnnNetImpl(const CnnNetOptions& options) : options_(options) {
+  const int64_t side = feature_side(options.image_size);
+  if (side < 1) {
+    throw InvalidArgument(detail::concat("CnnNet needs images of at least 10x10 pixels, got ", options.image_size));
+  }
+  // Registration order is the state dict order of the seed's module.
+  conv1_ = register_module("conv1", torch::nn::Conv2d(conv5x5(options.in_channels, options.conv1_channels)));
+  pool1_ = register_module("pool1", torch::nn::MaxPool2d(pool2x2()));
+  conv2_ = register_module("conv2", torch::nn::Conv2d(conv5x5(options.conv1_channels, options.conv2_channels)));
+  pool2_ = register_module("pool2", torch::nn::MaxPool2d(pool2x2()));
+  conv3_ = register_module("conv3", torch::nn::Conv2d(conv5x5(options.conv2_channels, options.conv3_channels)));
+  fc1_ = register_module("fc1", torch::nn::Linear(side * side * options.conv3_channels, options.fc1_features));
+  fc2_ = register_module("fc2", torch::nn::Linear(options.fc1_features, options.fc2_features));
+  output_ = register_module("output", torch::nn::Linear(options.fc2_features, options.num_classes));
+}
+
+torch::Tensor CnnNetImpl::forward(torch::Tensor x) {
+  x = pool1_(torch::relu(conv1_(x)));
+  x = pool2_(torch::relu(conv2_(x)));
+  x = torch::relu(conv3_(x));
+  x = x.flatten(1);
+  x = torch::relu(fc1_(x));
+  x = torch::relu(fc2_(x));
+  return output_(x);
+}
+
+namespace {
+// --freeze-layers trains the fully connected classifier (fc1, fc2, output) and freezes the convolutions.
+const ModelRegistration kRegisterCnn("cnn", "the seeds' CNNNet (3 conv + 3 fc, ~0.15M parameters)",
+                                     [](const ModelOptions& o) {
+                                       CnnNetOptions options;
+                                       options.in_channels = o.in_channels;
+                                       options.num_classes = o.num_classes;
+                                       options.image_size = o.image_size;
+                                       return Model{torch::nn::AnyModule(CnnNet(options)), {"fc1.", "fc2.", "output."}};
+                                     });
+}  // namespace
+
+}  // namespace tandem::nn

@@ -1,0 +1,157 @@
+#include "tandem/train/checkpoint.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <type_traits>
+
+#include "tandem/train/safetensors.h"
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+namespace {
+
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kMomentumPrefix = "optimizer.momentum.";
+
+// The optimizer's per-parameter state is keyed by the parameter's TensorImpl: as a string of the pointer in
+// LibTorch 1.x, as the pointer itself in 2.x. Deducing the key type keeps both builds on one code path.
+template <typename StateMap>
+typename StateMap::key_type state_key(const torch::Tensor& parameter) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << static_cast<const void*>(parameter.unsafeGetTensorImpl());
+    return out.str();
+  } else {
+    return static_cast<Key>(parameter.unsafeGetTensorImpl());
+  }
+}
+
+std::string get_meta(const TensorFile& file, const std::string& key, const std::string& path) {
+  auto it = file.metadata.find(key);
+  if (it == file.metadata.end()) throw InvalidArgument(path + ": checkpoint metadata lacks '" + key + "'");
+  return it->second;
+}
+
+std::string format_double(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::SGD& optimizer,
+                     const CheckpointState& state) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (auto& [name, tensor] : named_state(module)) tensors.emplace_back(kModelPrefix + name, tensor);
+  const auto& optimizer_states = optimizer.state();
+  using StateMap = std::decay_t<decltype(optimizer_states)>;
+  for (const auto& item : module.named_parameters()) {
+    auto it = optimizer_states.find(state_key<StateMap>(item.value()));
+    if (it == optimizer_states.end()) continue;  // frozen, or no step taken yet
+    const auto& sgd_state = static_cast<const torch::optim::SGDParamState&>(*it->second);
+    if (sgd_state.momentum_buffer().defined()) {
+      tensors.emplace_back(kMomentumPrefix + item.key(), sgd_state.momentum_buffer());
+    }
+  }
+  std::map<std::string, std::string> meta{
+      {"format", kCheckpointFormat},
+      {"epoch", std::to_string(state.epoch)},
+      {"batches_done", std::to_string(state.batches_done)},
+      {"step", std::to_string(state.step)},
+      {"lr", format_double(state.lr)},
+      {"base_lr", format_double(state.base_lr)},
+      {"lrf", format_double(state.lrf)},
+      {"epochs", std::to_string(state.epochs)},
+      {"sampler_seed", std::to_string(state.sampler_seed)},
+      {"world_size", std::to_string(state.world_size)},
+  };
+  save_safetensors(path, tensors, meta);
+}
+
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::SGD& optimizer) {
+  TensorFile file = load_safetensors(path);
+  auto format = file.metadata.find("format");
+  if (format == file.metadata.end() || format->second != kCheckpointFormat) {
+    throw InvalidArgument(path + ": not a tandem checkpoint (expected metadata format=" + kCheckpointFormat + ")");
+  }
+  CheckpointState state;
+  try {
+    state.epoch = std::stoi(get_meta(file, "epoch", path));
+    state.batches_done = std::stoll(get_meta(file, "batches_done", path));
+    state.step = std::stoll(get_meta(file, "step", path));
+    state.lr = std::stod(get_meta(file, "lr", path));
+    state.base_lr = std::stod(get_meta(file, "base_lr", path));
+    state.lrf = std::stod(get_meta(file, "lrf", path));
+    state.epochs = std::stoi(get_meta(file, "epochs", path));
+    state.sampler_seed = std::stoull(get_meta(file, "sampler_seed", path));
+    state.world_size = std::stoi(get_meta(file, "world_size", path));
+  } catch (const std::logic_error& error) {  // stoi & co on a damaged value
+    throw InvalidArgument(path + ": checkpoint metadata holds a malformed number");
+  }
+
+  TensorFile model_part;
+  std::map<std::string, torch::Tensor> momentum;
+  const std::string model_prefix = kModelPrefix, momentum_prefix = kMomentumPrefix;
+  for (auto& [name, tensor] : file.tensors) {
+    if (name.rfind(model_prefix, 0) == 0) {
+      model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
+    } else if (name.rfind(momentum_prefix, 0) == 0) {
+      momentum.emplace(name.substr(momentum_prefix.size()), tensor);
+    }
+  }
+  load_weights(module, model_part, path, /*strict=*/true);
+
+  auto& optimizer_states = optimizer.state();
+  using StateMap = std::decay_t<decltype(optimizer_states)>;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : module.named_parameters()) {
+    auto it = momentum.find(item.key());
+    if (it == momentum.end()) continue;
+    if (!it->second.sizes().equals(item.value().sizes())) {
+      throw InvalidArgument(path + ": momentum buffer of " + item.key() + " does not fit the model");
+    }
+    auto sgd_state = std::make_unique<torch::optim::SGDParamState>();
+    sgd_state->momentum_buffer(it->second.to(item.value().options()).clone());
+    optimizer_states[state_key<StateMap>(item.value())] = std::move(sgd_state);
+    momentum.erase(it);
+  }
+  if (!momentum.empty()) {
+    throw InvalidArgument(path + ": momentum buffer for unknown parameter " + momentum.begin()->first);
+  }
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(state.lr);
+  return state;
+}
+
+std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done) {
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-%04d-%08lld.safetensors", epoch, static_cast<long long>(batches_done));
+  return run_dir + "/" + name;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+  DIR* dir = ::opendir(run_dir.c_str());
+  if (!dir) return std::nullopt;
+  std::vector<std::string> names;
+  while (dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    int epoch = 0;
+    long long batches = 0;
+    char tail[32] = {0};
+    // Exactly checkpoint-EEEE-BBBBBBBB.safetensors; temp files carry a ".tmp.<pid>" suffix and fail the match.
+    if (std::sscanf(name.c_str(), "checkpoint-%d-%lld.%31s", &epoch, &batches, tail) == 3 &&
+        std::string(tail) == "safetensors") {
+      names.push_back(name);
+    }
+  }
+  ::closedir(dir);
+  if (names.empty()) return std::nullopt;
+  // Zero-padded fields: lexicographic order is training order.
+  return run_dir + "/" + *std::max_element(names.begin(), names.end());
+}
+
+}  // namespace tandem::train

@@ -1,0 +1,278 @@
+#include "tandem/train/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+namespace {
+
+using nlohmann::json;
+
+// Headers above this are not weights files (the reference implementation's limit is 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+struct DtypeName {
+  torch::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"}, {torch::kBFloat16, "BF16"},
+    {torch::kInt64, "I64"},   {torch::kInt32, "I32"},   {torch::kInt16, "I16"},   {torch::kInt8, "I8"},
+    {torch::kUInt8, "U8"},    {torch::kBool, "BOOL"},
+};
+
+bool host_is_little_endian() {
+  const uint16_t probe = 1;
+  unsigned char first;
+  std::memcpy(&first, &probe, 1);
+  return first == 1;
+}
+
+std::string dtype_name(torch::ScalarType type, const std::string& path, const std::string& tensor) {
+  for (const auto& d : kDtypes) {
+    if (d.type == type) return d.name;
+  }
+  throw InvalidArgument(detail::concat(path, ": cannot write tensor '", tensor, "' of dtype ", c10::toString(type),
+                                       " as safetensors"));
+}
+
+torch::ScalarType dtype_from_name(const std::string& name, const std::string& path, const std::string& tensor) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return d.type;
+  }
+  throw InvalidArgument(path + ": tensor '" + tensor + "' has unsupported dtype '" + name + "'");
+}
+
+[[noreturn]] void throw_io(const std::string& what, const std::string& path) {
+  throw Error(what + " " + path + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, bytes, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_io("cannot write", path);
+    bytes += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+torch::Tensor TensorFile::find(const std::string& name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return {};
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  TANDEM_CHECK(host_is_little_endian(), "safetensors writing assumes a little-endian host");
+  std::vector<torch::Tensor> contiguous;
+  json header = json::object();
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == "__metadata__" || !names.insert(name).second) {
+      throw InvalidArgument(path + ": tensor name '" + name + "' is reserved or used twice");
+    }
+    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", dtype_name(t.scalar_type(), path, name)},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    contiguous.push_back(std::move(t));
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_size = text.size();
+  unsigned char size_bytes[8];
+  for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
+
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io("cannot create", temp);
+  try {
+    write_all(fd, size_bytes, sizeof size_bytes, temp);
+    write_all(fd, text.data(), text.size(), temp);
+    for (const auto& t : contiguous) write_all(fd, t.data_ptr(), t.numel() * t.element_size(), temp);
+    if (::fsync(fd) != 0) throw_io("cannot fsync", temp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(temp.c_str());
+    throw_io("cannot close", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    ::unlink(temp.c_str());
+    throw_io("cannot rename " + temp + " to", path);
+  }
+  // The rename itself is durable only once the directory entry is on disk.
+  int dir = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+TensorFile load_safetensors(const std::string& path) {
+  TANDEM_CHECK(host_is_little_endian(), "safetensors reading assumes a little-endian host");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(path + ": cannot open safetensors file: " + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char size_bytes[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(size_bytes), 8)) {
+    throw InvalidArgument(path + ": not a safetensors file (shorter than its 8-byte header length)");
+  }
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
+  if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
+    throw InvalidArgument(detail::concat(path, ": corrupt or truncated safetensors file (header length ", header_size,
+                                         " but file size ", file_size, ")"));
+  }
+  std::string text(header_size, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_size));
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& error) {
+    throw InvalidArgument(path + ": corrupt safetensors header (invalid JSON: " + error.what() + ")");
+  }
+  if (!header.is_object()) throw InvalidArgument(path + ": corrupt safetensors header (not a JSON object)");
+
+  const uint64_t data_start = 8 + header_size;
+  const uint64_t data_size = file_size - data_start;
+  TensorFile file;
+  struct Pending {
+    std::string name;
+    uint64_t begin;
+  };
+  std::vector<Pending> order;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      if (!it->is_object()) throw InvalidArgument(path + ": __metadata__ must be an object of strings");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) throw InvalidArgument(path + ": __metadata__ value '" + m.key() + "' is not a string");
+        file.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    try {
+      const auto type = dtype_from_name(it->at("dtype").get<std::string>(), path, name);
+      const auto shape = it->at("shape").get<std::vector<int64_t>>();
+      const auto offsets = it->at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size) {
+        throw InvalidArgument(detail::concat(path, ": tensor '", name, "' lies outside the file (truncated? data is ",
+                                             data_size, " bytes)"));
+      }
+      int64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0) throw InvalidArgument(path + ": tensor '" + name + "' has a negative dimension");
+        numel *= d;
+      }
+      torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type));
+      const uint64_t bytes = static_cast<uint64_t>(numel) * t.element_size();
+      if (offsets[1] - offsets[0] != bytes) {
+        throw InvalidArgument(detail::concat(path, ": tensor '", name, "' has ", offsets[1] - offsets[0],
+                                             " bytes but its dtype and shape need ", bytes));
+      }
+      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
+      if (bytes > 0 && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
+        throw InvalidArgument(path + ": truncated safetensors file while reading tensor '" + name + "'");
+      }
+      file.tensors.emplace_back(name, std::move(t));
+      order.push_back({name, offsets[0]});
+    } catch (const json::exception& error) {
+      throw InvalidArgument(path + ": corrupt safetensors entry '" + name + "': " + error.what());
+    }
+  }
+  // Keep the file's data order, which is the writer's order (the JSON object itself is unordered).
+  std::vector<size_t> index(order.size());
+  for (size_t i = 0; i < index.size(); ++i) index[i] = i;
+  std::stable_sort(index.begin(), index.end(), [&](size_t a, size_t b) { return order[a].begin < order[b].begin; });
+  std::vector<std::pair<std::string, torch::Tensor>> sorted;
+  for (size_t i : index) sorted.push_back(std::move(file.tensors[i]));
+  file.tensors = std::move(sorted);
+  return file;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), item.value().detach());
+  return out;
+}
+
+void save_weights(const torch::nn::Module& module, const std::string& path,
+                  const std::map<std::string, std::string>& metadata) {
+  auto meta = metadata;
+  meta.emplace("format", "pt");  // what Hugging Face tools expect from PyTorch weights
+  save_safetensors(path, named_state(module), meta);
+}
+
+LoadReport load_weights(torch::nn::Module& module, const std::string& path, bool strict) {
+  return load_weights(module, load_safetensors(path), path, strict);
+}
+
+LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const std::string& path, bool strict) {
+  LoadReport report;
+  std::map<std::string, torch::Tensor> targets;
+  for (auto& [name, tensor] : named_state(module)) targets.emplace(name, tensor);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::set<std::string> provided;
+  for (const auto& [name, tensor] : file.tensors) {
+    auto it = targets.find(name);
+    if (it == targets.end()) {
+      report.skipped.push_back(name + " (not in the model)");
+    } else if (it->second.numel() != tensor.numel()) {
+      report.skipped.push_back(detail::concat(name, " (", tensor.numel(), " elements, the model's has ",
+                                              it->second.numel(), ")"));
+    } else {
+      report.loaded.push_back(name);
+      provided.insert(name);
+      copies.emplace_back(it->second, tensor);
+    }
+  }
+  for (const auto& [name, tensor] : targets) {
+    if (!provided.count(name)) report.missing.push_back(name);
+  }
+  if (strict && (!report.skipped.empty() || !report.missing.empty())) {
+    std::string what;
+    for (const auto& s : report.skipped) what += (what.empty() ? "" : ", ") + ("unused " + s);
+    for (const auto& m : report.missing) what += (what.empty() ? "" : ", ") + ("missing " + m);
+    throw InvalidArgument(path + ": does not match the model exactly (--strict): " + what);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) {
+    target.copy_(source.reshape(target.sizes()).to(target.scalar_type()));
+  }
+  return report;
+}
+
+}  // namespace tandem::train

@@ -1,0 +1,180 @@
+// safetensors: round trips for every dtype, a file PyTorch wrote (tests/fixtures/make_safetensors_fixture.py),
+// the seeds' skip-and-list loading filter, --strict, and clear errors on damaged files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "tandem/nn/cnn_net.h"
+#include "tandem/train/safetensors.h"
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "tandem_safetensors_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+bool contains(const std::vector<std::string>& items, const std::string& prefix) {
+  for (const auto& item : items) {
+    if (item.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Expects InvalidArgument whose message names the file and contains `what`.
+void expect_load_error(const std::string& path, const std::string& what) {
+  try {
+    load_safetensors(path);
+    ADD_FAILURE() << "loading " << path << " should fail with '" << what << "'";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+  }
+}
+
+TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
+  const std::string path = temp_path("round_trip.safetensors");
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = {
+      {"f32", torch::arange(12, torch::kFloat32).reshape({3, 4}) * 0.5},
+      {"f64", torch::tensor({1.0 / 3.0, -2.5}, torch::kFloat64)},
+      {"f16", torch::tensor({1.5, -0.25}).to(torch::kFloat16)},
+      {"bf16", torch::tensor({0.5, 8.0}).to(torch::kBFloat16)},
+      {"i64", torch::tensor({int64_t{1} << 40, int64_t{-3}})},
+      {"i32", torch::tensor({7, -7}, torch::kInt32)},
+      {"i8", torch::tensor({-128, 127}, torch::kInt8)},
+      {"u8", torch::tensor({0, 255}, torch::kUInt8)},
+      {"bool", torch::tensor({true, false, true})},
+      {"scalar", torch::tensor(3.25)},
+      {"empty", torch::zeros({0, 5})},
+      {"strided", torch::arange(6, torch::kFloat32).reshape({2, 3}).t()},
+  };
+  save_safetensors(path, tensors, {{"epoch", "3"}, {"note", "hello"}});
+  TensorFile file = load_safetensors(path);
+  ASSERT_EQ(file.tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(file.tensors[i].first, tensors[i].first) << "file order follows write order";
+    EXPECT_EQ(file.tensors[i].second.scalar_type(), tensors[i].second.scalar_type()) << tensors[i].first;
+    EXPECT_TRUE(torch::equal(file.tensors[i].second, tensors[i].second)) << tensors[i].first;
+  }
+  EXPECT_EQ(file.metadata, (std::map<std::string, std::string>{{"epoch", "3"}, {"note", "hello"}}));
+  // The header length field plus an 8-aligned header: data starts at a multiple of 8.
+  const std::string bytes = read_bytes(path);
+  uint64_t header = 0;
+  for (int i = 0; i < 8; ++i) header |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  EXPECT_EQ(header % 8, 0u);
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, ReadsTheFileWrittenFromPyTorch) {
+  const std::string path = std::string(TANDEM_FIXTURE_DIR) + "/pytorch_small.safetensors";
+  TensorFile file = load_safetensors(path);
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  const auto known = [](std::vector<int64_t> shape) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    return (torch::arange(numel, torch::kFloat64) * 0.25 - 1.0).reshape(shape).to(torch::kFloat32);
+  };
+  EXPECT_TRUE(torch::equal(file.find("conv.weight"), known({2, 1, 3, 3})));
+  EXPECT_TRUE(torch::equal(file.find("conv.bias"), known({2})));
+  EXPECT_TRUE(torch::equal(file.find("fc.weight"), known({3, 4})));
+  EXPECT_TRUE(torch::equal(file.find("fc.bias"), known({3})));
+  EXPECT_TRUE(torch::equal(file.find("steps"), torch::tensor({int64_t{7}})));
+  EXPECT_TRUE(torch::equal(file.find("extra.f64"), torch::tensor({0.0, 0.5, 1.0}, torch::kFloat64)));
+  EXPECT_TRUE(torch::equal(file.find("extra.f16"), torch::tensor({1.5, -2.0}).to(torch::kFloat16)));
+  EXPECT_TRUE(torch::equal(file.find("extra.bf16"), torch::tensor({0.5, 4.0}).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(file.find("extra.i32"), torch::tensor({1, -2, 3, -4}, torch::kInt32).reshape({2, 2})));
+  EXPECT_TRUE(torch::equal(file.find("extra.u8"), torch::tensor({0, 255}, torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(file.find("extra.bool"), torch::tensor({true, false, true})));
+}
+
+TEST(Safetensors, LoadWeightsSkipsAndListsMismatchedTensors) {
+  torch::manual_seed(0);
+  nn::CnnNet source;
+  nn::CnnNetOptions five_classes;
+  five_classes.num_classes = 5;
+  nn::CnnNet target(five_classes);
+  const std::string path = temp_path("cnn.safetensors");
+  auto state = named_state(*source);
+  state.emplace_back("aux.extra", torch::ones({2}));
+  save_safetensors(path, state);
+
+  const torch::Tensor before = target->named_parameters()["output.weight"].clone();
+  LoadReport report = load_weights(*target, path);
+  EXPECT_EQ(report.loaded.size(), 10u);  // all but output.weight/bias (10 vs 5 classes)
+  EXPECT_TRUE(contains(report.skipped, "output.weight (640 elements, the model's has 320)"));
+  EXPECT_TRUE(contains(report.skipped, "output.bias"));
+  EXPECT_TRUE(contains(report.skipped, "aux.extra (not in the model)"));
+  EXPECT_EQ(report.missing, (std::vector<std::string>{"output.bias", "output.weight"}));
+  EXPECT_TRUE(torch::equal(target->named_parameters()["conv1.weight"], source->named_parameters()["conv1.weight"]));
+  EXPECT_TRUE(torch::equal(target->named_parameters()["output.weight"], before)) << "skipped tensors stay untouched";
+
+  // --strict: the same file is refused, naming what does not fit, and nothing is copied.
+  nn::CnnNet strict_target(five_classes);
+  const torch::Tensor strict_before = strict_target->named_parameters()["conv1.weight"].clone();
+  try {
+    load_weights(*strict_target, path, /*strict=*/true);
+    FAIL() << "strict load should fail";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find("output.weight"), std::string::npos) << message;
+    EXPECT_NE(message.find("aux.extra"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(torch::equal(strict_target->named_parameters()["conv1.weight"], strict_before));
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, SaveIsAtomicAndLeavesNoTempFile) {
+  const std::string path = temp_path("atomic.safetensors");
+  save_safetensors(path, {{"a", torch::ones({4})}});
+  save_safetensors(path, {{"a", torch::zeros({4})}});  // replaces the old file whole
+  EXPECT_TRUE(torch::equal(load_safetensors(path).find("a"), torch::zeros({4})));
+  EXPECT_FALSE(std::ifstream(path + ".tmp." + std::to_string(::getpid())).good());
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
+  const std::string good = temp_path("good.safetensors");
+  save_safetensors(good, {{"w", torch::arange(64, torch::kFloat32)}});
+  const std::string bytes = read_bytes(good);
+
+  const std::string truncated = temp_path("truncated.safetensors");
+  write_bytes(truncated, bytes.substr(0, bytes.size() - 10));
+  expect_load_error(truncated, "outside the file");
+
+  const std::string tiny = temp_path("tiny.safetensors");
+  write_bytes(tiny, bytes.substr(0, 5));
+  expect_load_error(tiny, "shorter than");
+
+  const std::string huge_header = temp_path("huge_header.safetensors");
+  std::string corrupt_length = bytes;
+  corrupt_length[5] = '\x7f';
+  write_bytes(huge_header, corrupt_length);
+  expect_load_error(huge_header, "header length");
+
+  const std::string bad_json = temp_path("bad_json.safetensors");
+  std::string broken = bytes;
+  broken[8] = '[';  // the JSON's opening brace
+  broken[9] = '[';
+  write_bytes(bad_json, broken);
+  expect_load_error(bad_json, "corrupt safetensors header");
+
+  expect_load_error(temp_path("missing.safetensors"), "cannot open");
+  for (const auto& p : {good, truncated, tiny, huge_header, bad_json}) std::remove(p.c_str());
+}
+
+}  // namespace
+}  // namespace tandem::train
