@@ -74,7 +74,7 @@ def load_data(data_dir, limit):
     """The first `limit` training images, normalised; random images of the same shape if the set is absent."""
     images = os.path.join(data_dir, "train-images-idx3-ubyte.gz")
     labels = os.path.join(data_dir, "train-labels-idx1-ubyte.gz")
-    if os.path.exists(images) and os.path.exists(labels):
+    if data_dir != "random" and os.path.exists(images) and os.path.exists(labels):
         x = read_idx(images)[:limit].float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
         y = read_idx(labels)[:limit].long()
         return x, y, "fashion-mnist"
@@ -138,7 +138,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder")
+    parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
     args = parser.parse_args()
 
     with socket.socket() as s:
