@@ -158,6 +158,28 @@ std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& w
   return results;
 }
 
+ProcessResult run_mpirun_ranks(int world_size, const std::string& worker_test, std::chrono::milliseconds deadline,
+                               const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> worker_env = env;
+  worker_env["TANDEM_TEST_WORKER"] = "1";
+  worker_env.emplace("OMP_NUM_THREADS", "1");
+  // mpirun hands its ranks a terminal, which would colour their gtest lines.
+  worker_env.emplace("GTEST_COLOR", "no");
+  // Containers often forbid the cross-process memory attach (CMA) that Open MPI's shared-memory transport
+  // tries first; plain copies through the shared segment work everywhere.
+  worker_env.emplace("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+  return run_process({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(world_size),
+                      self_executable(), "--gtest_filter=" + worker_test},
+                     worker_env, deadline);
+}
+
+ProcessResult run_worker_process(const std::string& worker_test, const std::map<std::string, std::string>& env,
+                                 std::chrono::milliseconds deadline) {
+  std::map<std::string, std::string> worker_env = env;
+  worker_env["TANDEM_TEST_WORKER"] = "1";
+  return run_process({self_executable(), "--gtest_filter=" + worker_test}, worker_env, deadline);
+}
+
 bool is_worker_process() { return std::getenv("TANDEM_TEST_WORKER") != nullptr; }
 
 int free_port() {

@@ -48,6 +48,17 @@ std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& w
                                             std::chrono::milliseconds deadline = std::chrono::seconds(120),
                                             const std::map<std::string, std::string>& env = {});
 
+// Starts world_size ranks of this test binary through Open MPI's `mpirun` (allowed to run as root and to
+// oversubscribe the cores, as in CI containers), each running only `worker_test` with TANDEM_TEST_WORKER=1
+// and OMP_NUM_THREADS=1; returns mpirun's result, whose output holds every rank's.
+ProcessResult run_mpirun_ranks(int world_size, const std::string& worker_test,
+                               std::chrono::milliseconds deadline = std::chrono::seconds(120),
+                               const std::map<std::string, std::string>& env = {});
+
+// Runs only `worker_test` of this test binary in one child process with TANDEM_TEST_WORKER=1.
+ProcessResult run_worker_process(const std::string& worker_test, const std::map<std::string, std::string>& env = {},
+                                 std::chrono::milliseconds deadline = std::chrono::seconds(60));
+
 // True inside a process started by run_worker_ranks; worker tests skip themselves otherwise.
 bool is_worker_process();
 

@@ -1,0 +1,369 @@
+// `tandem bench`: benchmarks that print tables (and JSON with --json).
+//   tandem run --nproc-per-node 2 -- tandem bench allreduce              (gloo, run as every rank)
+//   mpirun -np 2 tandem bench allreduce --backend mpi                     (mpi, run as every rank)
+//   tandem bench train [--backend mpi] [--compare pytorch]                (starts its own processes)
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <filesystem>
+#include <cstdlib>
+
+#include "apps/command.h"
+#include "tandem/bench/allreduce_bench.h"
+#include "tandem/bench/train_bench.h"
+#include "tandem/comm/backend.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/util/error.h"
+
+namespace tandem::app {
+namespace {
+
+struct AllreduceFlags {
+  std::string backend = "gloo";
+  std::string sizes = "4K..64M";
+  int iters = 0;
+  int warmup = 2;
+  std::string memcpy_size = "64M";
+  std::string json_path;
+  int timeout_s = 300;
+};
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+int run_allreduce(const AllreduceFlags& flags) {
+  bench::AllreduceBenchOptions options;
+  options.sizes = bench::parse_sizes(flags.sizes);
+  options.iters = flags.iters;
+  options.warmup = flags.warmup;
+  const int64_t memcpy_bytes = bench::parse_size(flags.memcpy_size);
+
+  InitOptions init;
+  init.backend = flags.backend;
+  init.timeout = std::chrono::seconds(flags.timeout_s);
+  ProcessGroup& group = init_process_group(init);
+  comm::Communicator& comm = group.communicator();
+  const bool main = is_main_process();
+  const unsigned cores = std::thread::hardware_concurrency();
+
+  // The ceiling on one host: one thread copying memory, measured by rank 0 while the others wait, so the
+  // figure is the same whatever the world size.
+  bench::MemcpyResult copy;
+  if (main) copy = bench::measure_memcpy(memcpy_bytes, 10);
+  barrier();
+
+  if (main) {
+    fmt::print("# tandem bench allreduce: backend {}, {} ranks, float32 sum in place, host {} ({} cores, {})\n",
+               comm.backend_name(), comm.world_size(), host_name(), cores, cpu_model());
+    fmt::print("# sizes {}, iters {}, warmup {}; busbw = algbw * 2(n-1)/n (nccl-tests)\n", flags.sizes,
+               flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup);
+    fmt::print("# memcpy bandwidth (1 thread, {}): {:.2f} GB/s\n", bench::format_size(copy.bytes), copy.gbps);
+    fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",
+               "busbw(GB/s)", "busbw/memcpy", "check");
+    std::fflush(stdout);
+  }
+  std::vector<bench::AllreduceRow> rows;
+  // One size at a time, so the table grows as the run goes.
+  for (int64_t size : options.sizes) {
+    bench::AllreduceBenchOptions one = options;
+    one.sizes = {size};
+    bench::AllreduceRow row = bench::run_allreduce_bench(comm, one).front();
+    rows.push_back(row);
+    if (main) {
+      fmt::print("{:>8} {:>6} {:>13.1f} {:>12.3f} {:>12.3f} {:>13.1f}% {:>6}\n", bench::format_size(row.bytes),
+                 row.iters, row.seconds_per_op * 1e6, row.algbw_gbps, row.busbw_gbps,
+                 100.0 * row.busbw_gbps / copy.gbps, row.correct ? "ok" : "WRONG");
+      std::fflush(stdout);
+    }
+  }
+
+  bool all_correct = std::all_of(rows.begin(), rows.end(), [](const auto& row) { return row.correct; });
+  if (main && !flags.json_path.empty()) {
+    nlohmann::json out;
+    out["benchmark"] = "allreduce";
+    out["backend"] = comm.backend_name();
+    out["world_size"] = comm.world_size();
+    out["dtype"] = "float32";
+    out["op"] = "sum";
+    out["host"] = {{"name", host_name()}, {"cores", cores}, {"cpu_model", cpu_model()}};
+    out["memcpy"] = {{"bytes", copy.bytes}, {"iters", copy.iters}, {"gbps", copy.gbps}};
+    for (const auto& row : rows) {
+      out["results"].push_back({{"bytes", row.bytes},
+                                {"iters", row.iters},
+                                {"time_us", row.seconds_per_op * 1e6},
+                                {"algbw_gbps", row.algbw_gbps},
+                                {"busbw_gbps", row.busbw_gbps},
+                                {"busbw_over_memcpy", row.busbw_gbps / copy.gbps},
+                                {"correct", row.correct}});
+    }
+    std::ofstream file(flags.json_path);
+    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
+    file << out.dump(2) << "\n";
+  }
+  destroy_process_group();
+  if (!all_correct) {
+    if (main) std::fprintf(stderr, "tandem bench: error: an all-reduce gave a wrong result (see the check column)\n");
+    return 1;
+  }
+  return 0;
+}
+
+
+struct TrainFlags {
+  std::string backend = "gloo";
+  std::string world_sizes = "1,2";
+  bench::TrainBenchOptions options;
+  int threads = 1;
+  std::string compare;
+  std::string pytorch_script = "bench/pytorch_ddp_bench.py";
+  std::string json_path;
+  // Internal: set when this process is one of the workers the driver started.
+  std::string worker_mode;
+  std::string result_path;
+};
+
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+nlohmann::json to_json(const bench::TrainBenchResult& result) {
+  return {{"ms_per_step_median", result.ms_median}, {"ms_per_step_min", result.ms_min},
+          {"ms_per_step_max", result.ms_max},       {"repeats", result.ms_per_step},
+          {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters}};
+}
+
+int run_train_worker(const TrainFlags& flags) {
+  torch::set_num_threads(flags.threads);
+  comm::CommunicatorPtr communicator;
+  if (flags.worker_mode == "ddp") {
+    InitOptions init;
+    init.backend = flags.backend;
+    communicator = init_process_group(init).communicator_ptr();
+    if (communicator->world_size() < 2) communicator = nullptr;
+  }
+  bench::TrainBenchResult result = bench::run_train_bench(flags.options, communicator);
+  if (is_main_process()) std::ofstream(flags.result_path) << to_json(result).dump() << "\n";
+  if (is_initialized()) destroy_process_group();
+  return 0;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw CommError(fmt::format("a benchmark worker wrote no result to {}; see its output above", path));
+  return nlohmann::json::parse(file);
+}
+
+void run_or_throw(const std::string& command, const std::string& what) {
+  int status = std::system(command.c_str());
+  if (status != 0) throw CommError(fmt::format("{} failed (exit status {}); its command was: {}", what, status, command));
+}
+
+// Common flags for a worker of this program.
+std::string worker_args(const TrainFlags& flags) {
+  const auto& o = flags.options;
+  return fmt::format("bench train --backend {} --batch-size {} --steps {} --repeats {} --warmup {} --threads {}",
+                     flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads);
+}
+
+struct TrainRow {
+  std::string framework;
+  int world_size = 1;
+  nlohmann::json ddp;          // the job with communication
+  nlohmann::json independent;  // N processes alone, the slowest one
+};
+
+std::string find_python() {
+  // Debian's python3-torch installs into the system interpreter, which a pyenv or venv python3 may shadow.
+  for (const char* candidate : {"/usr/bin/python3", "python3"}) {
+    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", candidate).c_str()) == 0) return candidate;
+  }
+  throw UnsupportedError(
+      "--compare pytorch needs PyTorch for Python, which is not installed; on Debian: apt-get install -y "
+      "python3-torch (the bench installs nothing itself)");
+}
+
+int run_train_driver(const TrainFlags& flags) {
+  std::vector<int> world_sizes;
+  for (int64_t n : bench::parse_sizes(flags.world_sizes)) world_sizes.push_back(static_cast<int>(n));
+  const bool compare = flags.compare == "pytorch";
+  if (!flags.compare.empty() && !compare) {
+    throw InvalidArgument(fmt::format("--compare '{}' is unknown; the only comparison is 'pytorch'", flags.compare));
+  }
+  std::string python = compare ? find_python() : "";
+  if (compare && !std::filesystem::exists(flags.pytorch_script)) {
+    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
+                                      "--pytorch-script", flags.pytorch_script));
+  }
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string self = shell_quoted(self_path());
+  const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
+  std::fprintf(stderr, "# tandem bench train: CNN, batch %d per process, %d thread(s) each, %d x %d steps after %d "
+               "warm-up, backend %s%s\n", flags.options.batch_size, flags.threads, flags.options.repeats,
+               flags.options.steps, flags.options.warmup, flags.backend.c_str(), compare ? ", vs PyTorch DDP" : "");
+
+  std::vector<TrainRow> rows;
+  for (int n : world_sizes) {
+    TrainRow row{"tandem", n, {}, {}};
+    // N processes with no communication, started together so they share the cores as the job does.
+    std::string together;
+    for (int i = 0; i < n; ++i) {
+      together += fmt::format("{}{} {} --worker independent --result {} & ", env, self, worker_args(flags),
+                              shell_quoted((dir / fmt::format("ind_{}_{}.json", n, i)).string()));
+    }
+    run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
+    for (int i = 0; i < n; ++i) {
+      nlohmann::json one = read_json((dir / fmt::format("ind_{}_{}.json", n, i)).string());
+      if (row.independent.is_null() || one["ms_per_step_median"] > row.independent["ms_per_step_median"]) {
+        row.independent = one;
+      }
+    }
+    if (n == 1) {
+      row.ddp = row.independent;
+    } else {
+      std::string result = shell_quoted((dir / fmt::format("ddp_{}.json", n)).string());
+      std::string command =
+          flags.backend == "mpi"
+              ? fmt::format("{}mpirun {}-np {} {} {} --worker ddp --result {}", env,
+                            ::geteuid() == 0 ? "--allow-run-as-root " : "", n, self, worker_args(flags), result)
+              : fmt::format("{}{} run --nproc-per-node {} -- {} {} --worker ddp --result {}", env, self, n, self,
+                            worker_args(flags), result);
+      run_or_throw(command, fmt::format("the {}-rank DDP job", n));
+      row.ddp = read_json((dir / fmt::format("ddp_{}.json", n)).string());
+    }
+    rows.push_back(row);
+
+    if (compare) {
+      TrainRow py{"pytorch", n, {}, {}};
+      for (const char* mode : {"independent", "ddp"}) {
+        std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
+        run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
+                                 "--repeats {} --warmup {} > {}",
+                                 env, python, shell_quoted(flags.pytorch_script), n, mode, flags.options.batch_size,
+                                 flags.threads, flags.options.steps, flags.options.repeats, flags.options.warmup,
+                                 shell_quoted(out)),
+                     "the PyTorch DDP script");
+        (std::string(mode) == "ddp" ? py.ddp : py.independent) = read_json(out);
+      }
+      rows.push_back(py);
+    }
+  }
+  std::filesystem::remove_all(dir);
+
+  fmt::print("{:>9} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8}\n", "framework", "backend", "N", "samples/s",
+             "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden");
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& row : rows) {
+    double ms = row.ddp["ms_per_step_median"], independent_ms = row.independent["ms_per_step_median"];
+    double samples = row.world_size * flags.options.batch_size * 1000.0 / ms;
+    double efficiency = independent_ms / ms;
+    double allreduce_ms = row.ddp.value("allreduce_ms", 0.0);
+    std::string hidden = "-";
+    if (row.world_size > 1 && allreduce_ms > 0) {
+      hidden = fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
+    }
+    std::string backend = row.framework == "pytorch" ? "gloo" : flags.backend;
+    fmt::print("{:>9} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework, backend,
+               row.world_size, samples, ms,
+               fmt::format("{:.2f}..{:.2f}", row.ddp["ms_per_step_min"].get<double>(),
+                           row.ddp["ms_per_step_max"].get<double>()),
+               independent_ms, efficiency, hidden);
+    out.push_back({{"framework", row.framework}, {"backend", backend}, {"world_size", row.world_size},
+                   {"samples_per_s", samples}, {"scaling_efficiency", efficiency}, {"hidden", hidden},
+                   {"ddp", row.ddp}, {"independent", row.independent}});
+  }
+  if (compare) {
+    for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+      double ours = rows[i].ddp["ms_per_step_median"], theirs = rows[i + 1].ddp["ms_per_step_median"];
+      fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size, theirs / ours);
+    }
+  }
+  if (!flags.json_path.empty()) {
+    std::ofstream file(flags.json_path);
+    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
+    file << nlohmann::json{{"benchmark", "train"}, {"model", "cnn"}, {"batch_size", flags.options.batch_size},
+                           {"threads", flags.threads}, {"rows", out}}.dump(2) << "\n";
+  }
+  return 0;
+}
+
+const CommandRegistration kBench{
+    "bench", "Benchmarks: all-reduce bandwidth per backend, training steps vs PyTorch DDP", [](CLI::App& command) {
+      command.require_subcommand(1);
+      auto flags = std::make_shared<AllreduceFlags>();
+      CLI::App* allreduce = command.add_subcommand(
+          "allreduce", "All-reduce algorithm and bus bandwidth per size, beside the host's memcpy bandwidth");
+      allreduce->add_option("--backend", flags->backend, "Communication backend")
+          ->capture_default_str()
+          ->check(CLI::IsMember(comm::available_backends()));
+      allreduce->add_option("--sizes", flags->sizes, "Sizes in bytes: FIRST..LAST (doubling) or a list A,B,C")
+          ->capture_default_str();
+      allreduce->add_option("--iters", flags->iters, "Timed all-reduces per size (0: about 2 GB, 5..200)")
+          ->capture_default_str();
+      allreduce->add_option("--warmup", flags->warmup, "Untimed all-reduces per size")->capture_default_str();
+      allreduce->add_option("--memcpy-size", flags->memcpy_size, "Buffer size for the memcpy ceiling")
+          ->capture_default_str();
+      allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
+      allreduce->add_option("--timeout", flags->timeout_s, "Seconds before a collective counts as hung")
+          ->capture_default_str();
+
+      auto train_flags = std::make_shared<TrainFlags>();
+      CLI::App* train = command.add_subcommand(
+          "train", "Training steps per second for world sizes 1 and 2, scaling efficiency, overlap; vs PyTorch DDP");
+      train->add_option("--backend", train_flags->backend, "Communication backend")
+          ->capture_default_str()
+          ->check(CLI::IsMember(comm::available_backends()));
+      train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, e.g. 1,2")
+          ->capture_default_str();
+      train->add_option("--batch-size", train_flags->options.batch_size, "Samples per process per step")
+          ->capture_default_str();
+      train->add_option("--steps", train_flags->options.steps, "Timed steps per repeat")->capture_default_str();
+      train->add_option("--repeats", train_flags->options.repeats, "Timed repeats (median and spread)")
+          ->capture_default_str();
+      train->add_option("--warmup", train_flags->options.warmup, "Untimed steps first")->capture_default_str();
+      train->add_option("--threads", train_flags->threads, "Intra-op threads per process")->capture_default_str();
+      train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: 'pytorch'");
+      train->add_option("--pytorch-script", train_flags->pytorch_script, "The PyTorch side script")
+          ->capture_default_str();
+      train->add_option("--json", train_flags->json_path, "Also write the results as JSON to this file");
+      train->add_option("--worker", train_flags->worker_mode, "(internal) run as a worker: ddp or independent")
+          ->group("");
+      train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
+
+      return [flags, allreduce, train_flags, train]() -> int {
+        if (allreduce->parsed()) return run_allreduce(*flags);
+        if (train->parsed()) {
+          return train_flags->worker_mode.empty() ? run_train_driver(*train_flags) : run_train_worker(*train_flags);
+        }
+        return 2;
+      };
+    }};
+
+}  // namespace
+}  // namespace tandem::app

@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""PyTorch's own DDP on the configuration `tandem bench train --compare pytorch` times, for a side-by-side figure.
+
+The seeds' CNN (logits, no softmax) on Fashion-MNIST, Gloo on 127.0.0.1, one intra-op thread per process,
+batch 64 per process, SGD with momentum 0.9 and weight decay 0.005. The batches are taken from a tensor loaded
+before timing, so that the figure measures training steps, not the data loader.
+
+Prints one JSON object on stdout (rank 0):
+  {"framework": "pytorch", "world_size": 2, "samples_per_s": ..., "ms_per_step_median": ...,
+   "ms_per_step_min": ..., "ms_per_step_max": ..., "repeats": [...], ...}
+
+Needs Debian's python3-torch (`apt-get install -y python3-torch`); installs nothing itself.
+
+  /usr/bin/python3 bench/pytorch_ddp_bench.py --nproc 2 --steps 20 --repeats 5
+  /usr/bin/python3 bench/pytorch_ddp_bench.py --nproc 2 --mode independent   # no communication: the scaling baseline
+"""
+import argparse
+import gzip
+import json
+import os
+import socket
+import statistics
+import struct
+import sys
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel
+except ImportError:
+    sys.exit("pytorch_ddp_bench.py: error: this Python has no torch; run it with Debian's /usr/bin/python3 after "
+             "apt-get install -y python3-torch")
+
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+
+
+class CNNNet(torch.nn.Module):
+    """The seeds' CNNNet, returning logits (the seeds' softmax before cross-entropy is a bug)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, kernel_size=5, stride=1, padding=1)
+        self.pool1 = torch.nn.MaxPool2d(kernel_size=2, stride=2, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, kernel_size=5, stride=1, padding=1)
+        self.pool2 = torch.nn.MaxPool2d(kernel_size=2, stride=2, padding=1)
+        self.conv3 = torch.nn.Conv2d(32, 32, kernel_size=5, stride=1, padding=1)
+        self.fc1 = torch.nn.Linear(5 * 5 * 32, 128)
+        self.fc2 = torch.nn.Linear(128, 64)
+        self.output = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.pool1(torch.relu(self.conv1(x)))
+        x = self.pool2(torch.relu(self.conv2(x)))
+        x = torch.relu(self.conv3(x))
+        x = x.flatten(1)
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.output(x)
+
+
+def read_idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+
+
+def load_data(data_dir, limit):
+    """The first `limit` training images, normalised; random images of the same shape if the set is absent."""
+    images = os.path.join(data_dir, "train-images-idx3-ubyte.gz")
+    labels = os.path.join(data_dir, "train-labels-idx1-ubyte.gz")
+    if data_dir != "random" and os.path.exists(images) and os.path.exists(labels):
+        x = read_idx(images)[:limit].float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
+        y = read_idx(labels)[:limit].long()
+        return x, y, "fashion-mnist"
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(limit, 1, 28, 28, generator=generator), torch.randint(0, 10, (limit,), generator=generator), "random"
+
+
+def worker(rank, args, port, results):
+    torch.set_num_threads(args.threads)
+    world = args.nproc
+    distributed = args.mode == "ddp" and world > 1
+    if distributed:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(args.seed)
+    model = CNNNet()
+    if distributed:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
+    loss_function = torch.nn.CrossEntropyLoss()
+    x, y, source = load_data(args.data, args.batch_size * world * 16)
+    batches = x.shape[0] // (args.batch_size * world)
+
+    def step(i):
+        # Rank r takes every world-th sample, as DistributedSampler without shuffling does.
+        start = (i % batches) * args.batch_size * world
+        index = torch.arange(start + rank, start + args.batch_size * world, world)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_function(model(x[index]), y[index])
+        loss.backward()
+        optimizer.step()
+
+    for i in range(args.warmup):
+        step(i)
+    repeats = []
+    for r in range(args.repeats):
+        if distributed:
+            dist.barrier()
+        begin = time.perf_counter()
+        for i in range(args.steps):
+            step(args.warmup + r * args.steps + i)
+        elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+        if distributed:
+            # The slowest rank sets the pace of a synchronous job.
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        repeats.append(elapsed.item() * 1000.0 / args.steps)
+    if rank == 0:
+        results.put({"repeats": repeats, "data": source})
+    if distributed:
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2, help="processes (world size)")
+    parser.add_argument("--mode", choices=["ddp", "independent"], default="ddp",
+                        help="ddp: PyTorch DDP over Gloo; independent: the same steps with no communication")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per process per step")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median and spread over them)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
+    args = parser.parse_args()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    processes = [context.Process(target=worker, args=(rank, args, port, results)) for rank in range(args.nproc)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join()
+    failed = [rank for rank, p in enumerate(processes) if p.exitcode != 0]
+    if failed:
+        sys.exit(f"pytorch_ddp_bench.py: error: rank(s) {failed} failed")
+    result = results.get()
+    repeats = result["repeats"]
+    median = statistics.median(repeats)
+    print(json.dumps({
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "mode": args.mode,
+        "world_size": args.nproc,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "data": result["data"],
+        "samples_per_s": args.batch_size * args.nproc * 1000.0 / median,
+        "ms_per_step_median": median,
+        "ms_per_step_min": min(repeats),
+        "ms_per_step_max": max(repeats),
+        "repeats": repeats,
+    }))
+
+
+if __name__ == "__main__":
+    main()

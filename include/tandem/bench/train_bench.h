@@ -1,0 +1,39 @@
+#pragma once
+// The training-step measurement behind `tandem bench train`: the seeds' CNN, SGD with momentum, a fixed batch
+// per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP job, or alone
+// with no communication at all (the baseline that scaling efficiency is measured against).
+#include <cstdint>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+
+namespace tandem::bench {
+
+struct TrainBenchOptions {
+  int batch_size = 64;  // per process
+  int steps = 20;       // timed steps per repeat
+  int repeats = 5;      // ms/step is reported as median and spread over repeats
+  int warmup = 10;      // untimed steps first
+  double lr = 0.01;     // times the world size, as the seeds do
+  uint64_t seed = 0;
+};
+
+struct TrainBenchResult {
+  std::vector<double> ms_per_step;  // one per repeat; the slowest rank's, when distributed
+  double ms_median = 0;
+  double ms_min = 0;
+  double ms_max = 0;
+  // One all-reduce (avg) of a buffer as large as all gradients together, alone: what DDP would add to a step
+  // if none of it were hidden behind backward. 0 without communication.
+  double allreduce_ms = 0;
+  int64_t parameters = 0;
+};
+
+// With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel and the call is
+// collective; with null it trains alone. The data are random images shaped like Fashion-MNIST made before
+// timing, so the figure measures training steps, not loading.
+TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator);
+
+double median_of(std::vector<double> values);
+
+}  // namespace tandem::bench

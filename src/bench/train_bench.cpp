@@ -1,0 +1,88 @@
+#include "tandem/bench/train_bench.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/nn/cnn_net.h"
+#include "tandem/util/error.h"
+
+namespace tandem::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
+  if (!communicator) return local_ms;
+  torch::Tensor value = torch::tensor({local_ms}, torch::kFloat64);
+  communicator->all_reduce(value, comm::ReduceOp::Max)->wait();
+  return value.item<double>();
+}
+
+}  // namespace
+
+double median_of(std::vector<double> values) {
+  TANDEM_CHECK(!values.empty(), "median of nothing");
+  std::sort(values.begin(), values.end());
+  size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator) {
+  const int world = communicator ? communicator->world_size() : 1;
+  const int rank = communicator ? communicator->rank() : 0;
+  torch::manual_seed(static_cast<uint64_t>(options.seed));
+  nn::CnnNet model;
+  std::optional<ddp::DistributedDataParallel<nn::CnnNet>> wrapped;
+  if (communicator) wrapped.emplace(model, communicator);
+  torch::optim::SGD optimizer(model->parameters(),
+                              torch::optim::SGDOptions(options.lr * world).momentum(0.9).weight_decay(0.005));
+
+  // Each rank its own samples, as a sampler would give it.
+  torch::manual_seed(static_cast<uint64_t>(options.seed) + 1 + static_cast<uint64_t>(rank));
+  const int64_t batches = 16;
+  torch::Tensor images = torch::randn({batches * options.batch_size, 1, 28, 28});
+  torch::Tensor labels = torch::randint(0, 10, {batches * options.batch_size}, torch::kLong);
+
+  auto step = [&](int i) {
+    int64_t start = (i % batches) * options.batch_size;
+    torch::Tensor x = images.narrow(0, start, options.batch_size);
+    torch::Tensor y = labels.narrow(0, start, options.batch_size);
+    optimizer.zero_grad();
+    torch::Tensor logits = wrapped ? (*wrapped)(x) : model->forward(x);
+    torch::nn::functional::cross_entropy(logits, y).backward();
+    optimizer.step();
+  };
+
+  for (int i = 0; i < options.warmup; ++i) step(i);
+  TrainBenchResult result;
+  for (int r = 0; r < options.repeats; ++r) {
+    if (communicator) communicator->barrier()->wait();
+    auto start = Clock::now();
+    for (int i = 0; i < options.steps; ++i) step(options.warmup + r * options.steps + i);
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / options.steps;
+    result.ms_per_step.push_back(slowest_ms(ms, communicator));
+  }
+  result.ms_median = median_of(result.ms_per_step);
+  result.ms_min = *std::min_element(result.ms_per_step.begin(), result.ms_per_step.end());
+  result.ms_max = *std::max_element(result.ms_per_step.begin(), result.ms_per_step.end());
+  for (const auto& p : model->parameters()) result.parameters += p.numel();
+
+  if (communicator) {
+    torch::Tensor flat = torch::zeros({result.parameters}, torch::kFloat32);
+    for (int i = 0; i < 3; ++i) communicator->all_reduce(flat, comm::ReduceOp::Avg)->wait();
+    std::vector<double> times;
+    for (int i = 0; i < 20; ++i) {
+      auto start = Clock::now();
+      communicator->all_reduce(flat, comm::ReduceOp::Avg)->wait();
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+    result.allreduce_ms = slowest_ms(median_of(times), communicator);
+  }
+  return result;
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,168 @@
+// The mpi backend: the same hand-computed checks as the gloo backend at world size 2 under mpirun, a world of
+// one without mpirun (MPI singleton start), progress without the caller's help, refused dtypes, a layout
+// that disagrees with MPI, and a collective only one rank issues (TimeoutError instead of a hang).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <regex>
+
+#include "support/collective_checks.h"
+#include "support/processes.h"
+#include "tandem/comm/mpi/mpi_communicator.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/util/error.h"
+
+namespace tandem {
+namespace {
+
+using comm::ReduceOp;
+using testing::check_all_collectives;
+
+int count_of(const std::string& text, const std::string& pattern) {
+  const std::regex expression(pattern);
+  auto begin = std::sregex_iterator(text.begin(), text.end(), expression);
+  return static_cast<int>(std::distance(begin, std::sregex_iterator()));
+}
+
+// The parts every world size shares: all collectives, a non-contiguous tensor, refused dtypes.
+void check_backend(comm::Communicator& comm) {
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    // 1 element, an odd size that no world size divides, and 4 MB of float32 (8 MB of float64).
+    for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{1} << 20}) {
+      check_all_collectives(comm.rank(), comm, numel, dtype);
+    }
+  }
+  // A transposed view: reduced through a contiguous copy, written back into the caller's tensor.
+  torch::Tensor base = torch::arange(12, torch::kFloat32).view({3, 4}) + comm.rank();
+  torch::Tensor view = base.t();
+  comm.all_reduce(view, ReduceOp::Max)->wait();
+  EXPECT_TRUE(torch::equal(base, torch::arange(12, torch::kFloat32).view({3, 4}) + (comm.world_size() - 1)));
+
+  torch::Tensor half = torch::ones({4}, torch::kFloat16);
+  try {
+    comm.all_reduce(half, ReduceOp::Sum);
+    ADD_FAILURE() << "all_reduce on float16 was accepted";
+  } catch (const UnsupportedError& error) {
+    EXPECT_NE(std::string(error.what()).find("backend mpi does not support all_reduce(sum) on Half"),
+              std::string::npos)
+        << error.what();
+  }
+  // Copies move bytes, so any dtype broadcasts.
+  torch::Tensor flags = torch::full({5}, comm.rank() == 0, torch::kBool);
+  comm.broadcast(flags, 0)->wait();
+  EXPECT_TRUE(flags.all().item<bool>());
+}
+
+TEST(MpiCollectivesWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiCollectives";
+  InitOptions options;
+  options.backend = "mpi";
+  options.timeout = std::chrono::seconds(60);
+  init_process_group(options);
+  ASSERT_EQ(world_size(), std::stoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
+  ASSERT_EQ(rank(), std::stoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  comm::Communicator& comm = default_group().communicator();
+  EXPECT_EQ(comm.backend_name(), "mpi");
+  check_backend(comm);
+
+  // Progress without the caller: the collective completes while this thread only polls, never waits.
+  torch::Tensor big = torch::full({int64_t{4} << 20}, 1.0f);
+  comm::WorkPtr work = comm.all_reduce(big, ReduceOp::Sum);
+  while (!work->is_completed()) std::this_thread::yield();
+  work->wait();
+  EXPECT_TRUE(torch::all(big == static_cast<float>(world_size())).item<bool>());
+
+  torch::Tensor value = torch::tensor({static_cast<double>(rank())});
+  EXPECT_DOUBLE_EQ(reduce_value(value, true).item<double>(), (world_size() - 1) / 2.0);
+  destroy_process_group();
+}
+
+TEST(MpiCollectives, TwoRanksUnderMpirun) {
+  testing::ProcessResult result = testing::run_mpirun_ranks(2, "MpiCollectivesWorker.Run");
+  ASSERT_FALSE(result.timed_out) << "mpirun hung:\n" << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_of(result.output, R"(\[       OK \] MpiCollectivesWorker\.Run)"), 2) << result.output;
+}
+
+TEST(MpiSingletonWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as the process of MpiSingleton";
+  comm::RankLayout wrong;
+  wrong.world_size = 2;
+  wrong.source = "env";
+  try {
+    comm::MpiCommunicator mismatched(wrong, std::chrono::seconds(10));
+    ADD_FAILURE() << "a layout of 2 ranks was accepted by a world of 1";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("mpirun"), std::string::npos) << error.what();
+  }
+  comm::MpiCommunicator comm(comm::RankLayout{}, std::chrono::seconds(30));
+  EXPECT_EQ(comm.world_size(), 1);
+  check_backend(comm);
+}
+
+TEST(MpiSingleton, WorldOfOneWithoutMpirun) {
+  // Open MPI starts a singleton by itself; as root (CI containers) it must be told that this is intended.
+  testing::ProcessResult result = testing::run_worker_process(
+      "MpiSingletonWorker.Run", {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                                 {"OMPI_MCA_btl_vader_single_copy_mechanism", "none"}});
+  ASSERT_FALSE(result.timed_out) << "the singleton hung:\n" << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_of(result.output, R"(\[       OK \] MpiSingletonWorker\.Run)"), 1) << result.output;
+}
+
+TEST(MpiTimeoutWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiTimeout";
+  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(2));
+  // The ranks disagree on the collective: rank 0 all-reduces, the others wait at a barrier. Neither can
+  // complete; each must fail by its deadline with the operation's name.
+  torch::Tensor tensor = torch::ones({16});
+  comm::WorkPtr work = comm.rank() == 0 ? comm.all_reduce(tensor, ReduceOp::Sum) : comm.barrier();
+  std::string expected = comm.rank() == 0 ? "all_reduce(sum) on rank 0/2" : "barrier on rank 1/2";
+  try {
+    work->wait();
+    ADD_FAILURE() << "mismatched collectives completed";
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    std::printf("TIMEOUT SEEN: %s\n", error.what());
+  }
+  // The communicator is now unusable, and says so at once instead of queueing behind the stuck collective.
+  EXPECT_THROW(comm.barrier(), CommError);
+  std::fflush(stdout);
+  // mpirun kills the job once one rank exits, so each rank leaves only after every rank has reported.
+  const std::string marker_dir = std::getenv("TANDEM_TEST_MARKERS");
+  std::ofstream(marker_dir + "/" + std::to_string(comm.rank())).put('1');
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto everyone_reported = [&] {
+    for (int r = 0; r < comm.world_size(); ++r) {
+      if (!std::filesystem::exists(marker_dir + "/" + std::to_string(r))) return false;
+    }
+    return true;
+  };
+  while (!everyone_reported() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // MPI cannot cancel a collective in flight, and finalising would wait for it; a program that met a timeout
+  // exits with failure, as this worker does once its checks have passed.
+  std::_Exit(::testing::Test::HasFailure() ? 1 : 3);
+}
+
+TEST(MpiTimeout, MismatchedCollectivesFailByTheDeadline) {
+  std::string markers = ::testing::TempDir() + "tandem_mpi_timeout_" + std::to_string(::getpid());
+  std::filesystem::remove_all(markers);
+  std::filesystem::create_directories(markers);
+  testing::ProcessResult result = testing::run_mpirun_ranks(2, "MpiTimeoutWorker.Run", std::chrono::seconds(60),
+                                                            {{"TANDEM_TEST_MARKERS", markers}});
+  std::filesystem::remove_all(markers);
+  ASSERT_FALSE(result.timed_out) << "a rank hung past its collective timeout:\n" << result.output;
+  EXPECT_EQ(count_of(result.output, "TIMEOUT SEEN: .*timed out after 2 s"), 2) << result.output;
+  EXPECT_EQ(count_of(result.output, "Failure"), 0) << result.output;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,17 @@
+#pragma once
+// Checks every collective of a Communicator against values computed by hand. Shared by each backend's tests
+// (gloo in tests/comm, mpi in tests/mpi) so that every backend passes the very same checks.
+#include <torch/types.h>
+
+#include "tandem/comm/communicator.h"
+
+namespace tandem::testing {
+
+// Rank r holds r+1+i*0.5 at element i: distinct per rank and element, exact in float32 for these sizes.
+torch::Tensor rank_values(int rank, int64_t numel, torch::ScalarType dtype);
+
+// Runs all_reduce (sum, avg, min, max), broadcast (from the first and last rank), all_gather, reduce_scatter
+// and barrier on `numel` elements of `dtype`, and records a gtest failure for every wrong result.
+void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype);
+
+}  // namespace tandem::testing
