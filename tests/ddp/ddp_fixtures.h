@@ -132,6 +132,25 @@ inline Difference compare(const std::vector<torch::Tensor>& got, const std::vect
   return d;
 }
 
+// One rank of a real multi-process job: joins the default group over `backend`, trains with no_sync
+// micro-batches and several buckets, and expects the parameters of one process trained on the whole batch.
+inline void check_ddp_process_rank(const std::string& backend) {
+  InitOptions init;
+  init.backend = backend;
+  init.timeout = std::chrono::seconds(30);
+  init_process_group(init);
+  Scenario s;
+  s.world = world_size();
+  s.micro_batches = 2;
+  s.options.bucket_cap_mb = 300.0 / (1024 * 1024);
+  s.options.first_bucket_cap_mb = 100.0 / (1024 * 1024);
+  const Difference d = compare(train_ddp(s, rank(), default_group().communicator_ptr()), train_reference(s));
+  std::printf("[process parity] %s rank %d: largest difference abs %.3g relative %.3g\n", backend.c_str(), rank(),
+              d.max_abs, d.max_rel);
+  EXPECT_LE(d.max_rel, 1e-5);
+  destroy_process_group();
+}
+
 // A non-owning pointer for communicators that live on a test thread's stack.
 inline comm::CommunicatorPtr borrow(comm::Communicator& communicator) {
   return comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {});
