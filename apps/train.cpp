@@ -60,11 +60,17 @@ std::string model_names() {
   return names;
 }
 
-const CommandRegistration kRegisterTrain("train", "train a model on an MNIST-format data set across the ranks", [](CLI::App& command) {
+const CommandRegistration kRegisterTrain("train", "train a model on MNIST files or an image folder across the ranks", [](CLI::App& command) {
   auto flags = std::make_shared<TrainFlags>();
   train::TrainOptions& o = flags->options;
-  command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain)")->capture_default_str();
+  command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
   command.add_option("--model", o.model, "model to train: " + model_names())->capture_default_str();
+  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST, the class folders of an image folder)")->check(CLI::PositiveNumber);
+  command.add_flag("--sync-bn", o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
+  command.add_option("--image-size", o.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(CLI::PositiveNumber);
+  command.add_option("--val-split", o.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  command.add_option("--min-crop-scale", o.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(CLI::Range(0.01, 1.0));
+  command.add_flag("--skip-bad-images", o.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
   command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(CLI::PositiveNumber);
   command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(CLI::PositiveNumber);
   command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(CLI::PositiveNumber);
@@ -74,11 +80,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on an MNIST-for
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str();
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
-  command.add_option("--normalize", flags->normalize, "MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
+  command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
   command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)");
   command.add_option("--init,--weights", o.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
   command.add_flag("--strict", o.strict, "--init must match the model exactly");
-  command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head");
+  command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>)");
   command.add_flag("--resume", o.resume, "continue from the newest checkpoint in --run-dir (default: the newest run)");

@@ -35,7 +35,23 @@ void BatchLoader::stop_worker() {
 
 Batch BatchLoader::load(const IndexBatch& index_batch) const {
   Batch batch = dataset_->get_batch(index_batch.indices);
-  batch.padding_count = index_batch.padding_count;
+  const std::vector<int64_t>& requested = index_batch.indices;
+  if (batch.indices.size() == requested.size()) {
+    batch.padding_count = index_batch.padding_count;
+    return batch;
+  }
+  // The data set dropped rows (unreadable images): the kept rows are the requested ones in order, so match
+  // them against the request and count as padding only the kept rows from the padded tail. A dropped real row
+  // then leaves the real count one smaller, and a dropped padding row leaves it unchanged.
+  const size_t first_padding = requested.size() - static_cast<size_t>(index_batch.padding_count);
+  size_t position = 0;
+  batch.padding_count = 0;
+  for (int64_t index : batch.indices) {
+    while (position < requested.size() && requested[position] != index) ++position;
+    TANDEM_CHECK(position < requested.size(), "data set returned index ", index, " that the batch did not request");
+    if (position >= first_padding) ++batch.padding_count;
+    ++position;
+  }
   return batch;
 }
 

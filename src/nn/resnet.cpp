@@ -1,5 +1,6 @@
 #include "tandem/nn/resnet.h"
 
+#include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/util/error.h"
 
@@ -102,5 +103,24 @@ ResNet make_resnet(const std::string& name, int64_t num_classes) {
   if (name == "resnet34") return resnet34(num_classes);
   throw InvalidArgument("unknown model '" + name + "'; known: resnet18, resnet34");
 }
+
+namespace {
+
+// `--model resnet18|resnet34`; --freeze-layers trains only `fc`, the torchvision classifier.
+Model registered_resnet(const std::string& name, const ModelOptions& o) {
+  if (o.in_channels != 3) {
+    throw InvalidArgument(detail::concat(name, " takes RGB images (3 channels) but the data has ", o.in_channels,
+                                         "; for MNIST files write an image folder first (tandem export-images DIR) and "
+                                         "train on that"));
+  }
+  return Model{torch::nn::AnyModule(make_resnet(name, o.num_classes)), {"fc."}};
+}
+
+const ModelRegistration kRegisterResNet18("resnet18", "ResNet-18 (torchvision names, 11.7M parameters; RGB images)",
+                                          [](const ModelOptions& o) { return registered_resnet("resnet18", o); });
+const ModelRegistration kRegisterResNet34("resnet34", "ResNet-34 (torchvision names, 21.8M parameters; RGB images)",
+                                          [](const ModelOptions& o) { return registered_resnet("resnet34", o); });
+
+}  // namespace
 
 }  // namespace tandem::nn

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -12,13 +13,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 
 #include "tandem/data/batch_sampler.h"
 #include "tandem/data/distributed_sampler.h"
+#include "tandem/data/image_folder.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/nn/sync_batch_norm.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
@@ -143,7 +147,88 @@ void on_all_ranks(comm::Communicator* communicator, const std::string& what, Fn&
 
 std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
 
+bool is_image_folder(const std::string& dir) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(error) && !name.empty() && name[0] != '.') return true;
+  }
+  return false;
+}
+
+// --data opened as a training set and an evaluation set, with what the model factory needs to know.
+struct TrainingData {
+  std::shared_ptr<const data::Dataset> train, eval;
+  std::shared_ptr<data::ImageFolderDataset> image_train;  // image folders: the training set, for set_epoch
+  std::vector<std::string> classes;                        // image folders: label i's folder name
+  nn::ModelOptions model;
+};
+
+// Tells an MNIST folder from an image folder and opens it; resolves options' data-dependent defaults
+// (num_classes, image_size, min_crop_scale) in place, so every rank and describe() see the same values.
+TrainingData open_training_data(TrainOptions& o) {
+  TrainingData d;
+  if (data::has_mnist_files(o.data_dir)) {
+    const data::Normalization normalization = o.normalization ? *o.normalization : data::guess_normalization(o.data_dir);
+    auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::MnistSplit::kTrain, normalization);
+    d.eval = std::make_shared<data::MnistDataset>(o.data_dir, data::MnistSplit::kTest, normalization);
+    const int64_t side = train_set->images().size(2);
+    if (o.image_size != 0 && o.image_size != side) {
+      throw InvalidArgument(fmt::format("--image-size {}: {} holds MNIST files of {}x{} images, which are used as "
+                                        "they are; drop --image-size, or export an image folder (tandem "
+                                        "export-images DIR) to train at another size",
+                                        o.image_size, o.data_dir, side, side));
+    }
+    d.model.in_channels = train_set->images().size(1);
+    d.model.image_size = side;
+    d.model.num_classes = std::max<int64_t>(10, train_set->labels().max().item<int64_t>() + 1);
+    d.train = train_set;
+  } else if (is_image_folder(o.data_dir)) {
+    data::ImageFolderSplit split = data::read_split_data(o.data_dir, o.val_split, o.seed);
+    if (o.image_size == 0) o.image_size = 224;
+    if (o.min_crop_scale == 0) o.min_crop_scale = default_min_crop_scale(o.image_size);
+    data::ImageFolderOptions folder;
+    folder.transform.image_size = o.image_size;
+    folder.transform.min_crop_scale = o.min_crop_scale;
+    folder.transform.resize_ratio = default_val_resize_ratio(o.image_size);
+    folder.num_threads = std::max(1, torch::get_num_threads());
+    folder.skip_bad_images = o.skip_bad_images;
+    folder.seed = o.seed;
+    data::ImageFolderOptions eval_folder = folder;
+    folder.transform.train = true;
+    d.image_train = std::make_shared<data::ImageFolderDataset>(std::move(split.train), folder);
+    d.eval = std::make_shared<data::ImageFolderDataset>(std::move(split.val), eval_folder);
+    d.train = d.image_train;
+    d.model.in_channels = 3;
+    d.model.image_size = o.image_size;
+    d.model.num_classes = static_cast<int64_t>(split.classes.size());
+    d.classes = std::move(split.classes);
+  } else {
+    throw InvalidArgument(fmt::format(
+        "--data {} {}; expected MNIST files (train-images-idx3-ubyte[.gz] and the other three) or an image folder "
+        "(one sub-folder of .jpg/.png images per class)",
+        o.data_dir, std::filesystem::exists(o.data_dir) ? "holds neither" : "does not exist"));
+  }
+  if (o.num_classes == 0) o.num_classes = d.model.num_classes;
+  if (o.num_classes < d.model.num_classes) {
+    throw InvalidArgument(fmt::format("--num-classes {} is fewer than the {} classes in {}", o.num_classes,
+                                      d.model.num_classes, o.data_dir));
+  }
+  d.model.num_classes = o.num_classes;
+  return d;
+}
+
 }  // namespace
+
+double default_min_crop_scale(int64_t image_size) {
+  const double side = static_cast<double>(std::max<int64_t>(1, image_size));
+  return std::clamp(0.08 * (224.0 / side) * (224.0 / side), 0.08, 1.0);
+}
+
+double default_val_resize_ratio(int64_t image_size) {
+  constexpr double kTorchvision = 256.0 / 224.0;
+  return 1.0 + (kTorchvision - 1.0) * std::min(1.0, static_cast<double>(image_size) / 224.0);
+}
 
 EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& forward, data::BatchLoader& loader,
                     int64_t epoch, comm::Communicator* communicator) {
@@ -164,11 +249,11 @@ EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& fo
 }
 
 std::string describe(const TrainOptions& o, int world_size) {
-  const data::Normalization norm = o.normalization ? *o.normalization : data::guess_normalization(o.data_dir);
+  const bool mnist = data::has_mnist_files(o.data_dir);
   std::string out;
   const auto line = [&](const std::string& key, const std::string& value) { out += fmt::format("  {:<14} {}\n", key + ":", value); };
-  line("data", o.data_dir);
-  line("model", o.model);
+  line("data", o.data_dir + (mnist ? " (MNIST files)" : " (image folder)"));
+  line("model", fmt::format("{}, {} classes{}", o.model, o.num_classes, o.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
@@ -178,7 +263,16 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("steps", o.max_steps > 0 ? std::to_string(o.max_steps) : "all");
   line("seed", std::to_string(o.seed));
   line("shuffle", o.shuffle ? "yes" : "no");
-  line("normalize", fmt::format("mean {} std {}", norm.mean, norm.std));
+  if (mnist) {
+    const data::Normalization norm = o.normalization ? *o.normalization : data::guess_normalization(o.data_dir);
+    line("normalize", fmt::format("mean {} std {}", norm.mean, norm.std));
+  } else {
+    line("image size", std::to_string(o.image_size));
+    line("val split", fmt::format("{}", o.val_split));
+    line("crop scale", fmt::format("train: random area [{:.3g}, 1]; val: resize to {:.4g} x size, center crop",
+                                   o.min_crop_scale, default_val_resize_ratio(o.image_size)));
+    line("bad images", o.skip_bad_images ? "skip and count" : "stop with an error");
+  }
   line("threads", std::to_string(torch::get_num_threads()) + " per process");
   line("init weights", o.init_weights.empty() ? "none (rank 0's seeded init, broadcast)" : o.init_weights);
   if (!o.init_weights.empty()) line("strict", o.strict ? "yes" : "no");
@@ -216,22 +310,19 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   options.run_dir = broadcast_string(options.run_dir, communicator);
   resume_from = broadcast_string(resume_from, communicator);
 
-  const data::Normalization normalization =
-      options.normalization ? *options.normalization : data::guess_normalization(options.data_dir);
-  std::shared_ptr<data::MnistDataset> train_set, test_set;
-  on_all_ranks(communicator, "to load the data set", [&] {
-    train_set = std::make_shared<data::MnistDataset>(options.data_dir, data::MnistSplit::kTrain, normalization);
-    test_set = std::make_shared<data::MnistDataset>(options.data_dir, data::MnistSplit::kTest, normalization);
-  });
+  TrainingData sets;
+  on_all_ranks(communicator, "to load the data set", [&] { sets = open_training_data(options); });
+  const std::shared_ptr<const data::Dataset>& train_set = sets.train;
+  const std::shared_ptr<const data::Dataset>& test_set = sets.eval;
   if (is_main) log::write("", "training configuration:\n" + describe(options, world));
+  on_all_ranks(communicator, "to write the class list", [&] {
+    if (is_main && !sets.classes.empty()) data::write_class_list(sets.classes, options.run_dir + "/class_indices.json");
+  });
 
   // Seeded init on every rank; DDP's construction then makes every rank start from rank 0's weights.
   torch::manual_seed(options.seed);
-  nn::ModelOptions model_options;
-  model_options.in_channels = train_set->images().size(1);
-  model_options.image_size = train_set->images().size(2);
-  model_options.num_classes = std::max<int64_t>(10, train_set->labels().max().item<int64_t>() + 1);
-  nn::Model model = nn::make_model(options.model, model_options);
+  nn::Model model;
+  on_all_ranks(communicator, "to build the model", [&] { model = nn::make_model(options.model, sets.model); });
   torch::nn::Module& module = *model.module.ptr();
   on_all_ranks(communicator, "to load --init weights", [&] {
     if (options.init_weights.empty()) return;
@@ -242,6 +333,14 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
       for (const auto& m : report.missing) log::warn("not in {}: {} (keeps its initial value)", options.init_weights, m);
     }
   });
+  // SyncBatchNorm before DDP and the optimizer (as PyTorch requires): the swap keeps the parameter tensors, and
+  // DDP must see the model it will run.
+  if (options.sync_bn) {
+    nn::convert_sync_batchnorm(model.module.ptr(), communicator_ptr);
+    if (nn::count_sync_batchnorm(module) == 0 && is_main) {
+      log::warn("--sync-bn: model '{}' has no BatchNorm layers; training it unchanged", options.model);
+    }
+  }
   if (options.freeze_layers) {
     auto trainable = nn::freeze_all_but_head(model);
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
@@ -306,6 +405,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     const double lr = schedule.lr(epoch);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
     ddp_model.train();
+    if (sets.image_train) sets.image_train->set_epoch(epoch);
     train_loader.start_epoch(epoch);
     // A mid-epoch checkpoint: replay the sampler's order past the batches already trained on.
     int64_t batch_index = 0;
@@ -320,7 +420,11 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     const auto start = std::chrono::steady_clock::now();
     while (std::optional<data::Batch> batch = train_loader.next()) {
       optimizer.zero_grad();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(forward(batch->data), batch->target);
+      torch::Tensor logits = forward(batch->data);
+      // Every image of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward,
+      // so this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
+      torch::Tensor loss = batch->size() > 0 ? torch::nn::functional::cross_entropy(logits, batch->target)
+                                             : logits.sum() * 0.0;
       if (rank == injection.rank && step == injection.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
       loss.backward();
       const double local_loss = loss.item<double>();
@@ -356,6 +460,9 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     progress.end_epoch();
     const bool epoch_complete = batch_index >= batches_per_epoch;
+    if (sets.image_train && sets.image_train->skipped_images() > 0) {
+      log::warn("skipped {} unreadable training images so far (--skip-bad-images)", sets.image_train->skipped_images());
+    }
 
     // Evaluation runs the bare model: its weights are identical on every rank, and DDP has no gradients to
     // reduce here.

@@ -6,11 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <future>
 
 #include "support/processes.h"
 #include "support/thread_ranks.h"
+#include "tandem/data/image.h"
+#include "tandem/data/image_folder.h"
 #include "tandem/data/tensor_dataset.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/train/trainer.h"
@@ -109,6 +112,105 @@ TEST(Evaluate, CountsEachTestSampleOnceWhenTheWorldDoesNotDivideTheTestSet) {
     EXPECT_EQ(counts.total, 10) << "rank " << rank;
     EXPECT_EQ(counts.correct, 5) << "rank " << rank;
   });
+}
+
+// A data set whose image `bad` cannot be read: get_batch drops its rows, as ImageFolderDataset does under
+// --skip-bad-images.
+class DroppingDataset : public data::Dataset {
+ public:
+  DroppingDataset(std::shared_ptr<data::TensorDataset> inner, int64_t bad) : inner_(std::move(inner)), bad_(bad) {}
+  int64_t size() const override { return inner_->size(); }
+  data::Batch get_batch(const std::vector<int64_t>& indices) const override {
+    std::vector<int64_t> kept;
+    for (int64_t index : indices) {
+      if (index != bad_) kept.push_back(index);
+    }
+    return inner_->get_batch(kept);
+  }
+
+ private:
+  std::shared_ptr<data::TensorDataset> inner_;
+  int64_t bad_;
+};
+
+TEST(Evaluate, CountsEachReadableSampleOnceWhenADroppedImageWasAlsoPadding) {
+  // 10 samples on 3 ranks without shuffling: rank 1 gets 1, 4, 7 and padding 0; rank 0 gets 0, 3, 6, 9. Sample
+  // 0 is unreadable, so rank 0's batch loses a real row and rank 1's its padding row: the 9 readable samples
+  // count once each (labels alternate, the model predicts 0: samples 2, 4, 6, 8 are right).
+  auto inner = std::make_shared<data::TensorDataset>(torch::zeros({10, 1, 28, 28}),
+                                                     torch::arange(10, torch::kInt64).remainder(2));
+  auto dataset = std::make_shared<DroppingDataset>(inner, 0);
+  const auto always_zero = [](const torch::Tensor& x) {
+    torch::Tensor logits = torch::zeros({x.size(0), 10});
+    logits.select(1, 0).fill_(1.0);
+    return logits;
+  };
+  testing::run_thread_ranks(3, [&](int rank, comm::Communicator& communicator) {
+    data::DistributedSamplerOptions sampling{3, rank, /*shuffle=*/false, 0, false};
+    data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(10, sampling), 4));
+    EvalCounts counts = evaluate(always_zero, loader, 0, &communicator);
+    EXPECT_EQ(counts.total, 9) << "rank " << rank;
+    EXPECT_EQ(counts.correct, 4) << "rank " << rank;
+  });
+}
+
+// CLASS/img<i>.png for 3 classes of `per_class` 20x16 RGB images; each class has its own colour, so a few steps
+// have something to learn.
+std::string write_tiny_image_folder(const std::string& name, int per_class) {
+  const std::string root = make_temp_dir(name);
+  const char* classes[] = {"circle", "square", "triangle"};
+  for (int c = 0; c < 3; ++c) {
+    std::filesystem::create_directories(root + "/" + classes[c]);
+    for (int i = 0; i < per_class; ++i) {
+      std::vector<uint8_t> pixels(20 * 16 * 3);
+      for (size_t p = 0; p < pixels.size(); ++p) {
+        pixels[p] = static_cast<uint8_t>(p % 3 == static_cast<size_t>(c) ? 200 : (p * 7 + i) % 64);
+      }
+      data::write_png(root + "/" + classes[c] + "/img" + std::to_string(i) + ".png", pixels.data(), 20, 16, 3);
+    }
+  }
+  return root;
+}
+
+TEST(TrainProcesses, ResNetWithSyncBatchNormTrainsOnAnImageFolderUnderTandemRun) {
+  const std::string data = write_tiny_image_folder("image_folder", 10);
+  const std::string run_dir = make_temp_dir("image_folder_run");
+  const testing::ProcessResult result = testing::run_process(
+      {testing::tandem_cli(), "run", "--nproc-per-node", "2", "--", testing::tandem_cli(), "train", "--model",
+       "resnet18", "--data", data, "--image-size", "32", "--epochs", "1", "--sync-bn", "--batch-size", "4",
+       "--threads", "1", "--run-dir", run_dir, "--timeout", "60"},
+      {}, std::chrono::seconds(120));
+  ASSERT_FALSE(result.timed_out) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("resnet18, 3 classes, SyncBatchNorm"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("[epoch 0]"), std::string::npos) << result.output;
+  EXPECT_EQ(data::read_class_list(run_dir + "/class_indices.json"),
+            (std::vector<std::string>{"circle", "square", "triangle"}));
+  // One epoch evaluated on the 2 held-out images per class (floor(10 * 0.2)), each counted once.
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line)) << "no metrics line";
+  EXPECT_NE(line.find("\"total\":6"), std::string::npos) << line;
+}
+
+TEST(TrainProcesses, DataFolderThatIsNeitherKindFailsWithOneLineSayingWhatWasExpected) {
+  const std::string empty = make_temp_dir("neither");
+  std::ofstream(empty + "/readme.txt") << "not a data set";
+  const testing::ProcessResult result =
+      testing::run_process({testing::tandem_cli(), "train", "--data", empty, "--epochs", "1", "--threads", "1",
+                            "--run-dir", make_temp_dir("neither_run")});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("holds neither; expected MNIST files"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("one sub-folder of .jpg/.png images per class"), std::string::npos) << result.output;
+
+  // --image-size means nothing for MNIST files: an error that says what to do, not a silent ignore.
+  const std::string mnist = write_tiny_mnist("image_size_mnist", 20, 10);
+  const testing::ProcessResult sized =
+      testing::run_process({testing::tandem_cli(), "train", "--data", mnist, "--image-size", "32", "--epochs", "1",
+                            "--threads", "1", "--run-dir", make_temp_dir("image_size_run")});
+  EXPECT_NE(sized.exit_code, 0) << sized.output;
+  EXPECT_NE(sized.output.find("--image-size 32:"), std::string::npos) << sized.output;
 }
 
 TEST(TrainProcesses, ResumedRunEndsWithTheSameWeightsAsAnUninterruptedOne) {

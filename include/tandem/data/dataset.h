@@ -29,7 +29,9 @@ class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
-  // Returns a Batch with data, target and indices filled (padding_count is the loader's to set).
+  // Returns a Batch with data, target and indices filled (padding_count is the loader's to set). A data set
+  // may drop rows it cannot read (ImageFolderDataset with skip_bad_images); the rows it keeps must be the
+  // requested ones in the requested order, so the loader can tell which of them are padding.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
 };
 

@@ -15,6 +15,10 @@ enum class MnistSplit { kTrain, kTest };
 MnistSplit parse_mnist_split(const std::string& name);
 const char* mnist_split_name(MnistSplit split);
 
+// True if `dir` holds a training images file under one of the names above (how `tandem train --data` tells an
+// MNIST folder from an image folder).
+bool has_mnist_files(const std::string& dir);
+
 // x -> (x / 255 - mean) / std, as torchvision's ToTensor + Normalize.
 struct Normalization {
   double mean = 0.0;

@@ -27,8 +27,12 @@ namespace tandem::train {
 inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
 struct TrainOptions {
-  std::string data_dir = kDefaultDataDir;  // an MNIST-format folder
+  // An MNIST-format folder (train-/t10k- IDX files; evaluation on t10k) or an image folder (one sub-folder of
+  // .jpg/.png images per class; evaluation on a stratified val_split of it, see data/image_folder.h).
+  std::string data_dir = kDefaultDataDir;
   std::string model = "cnn";               // a name in nn/model_registry.h
+  int64_t num_classes = 0;                 // 0: from the data (10 for MNIST, the class folders otherwise)
+  bool sync_bn = false;                    // convert the model's BatchNorm layers to SyncBatchNorm
   int epochs = 10;
   int64_t batch_size = 64;                 // per process
   double lr = 0.01;                        // multiplied by the world size, as in the seeds
@@ -38,7 +42,12 @@ struct TrainOptions {
   int64_t max_steps = 0;                   // stop after this many optimizer steps in all; 0: no limit
   uint64_t seed = 0;                       // sampler seed and initial weights
   bool shuffle = true;
-  std::optional<data::Normalization> normalization;  // unset: guessed from data_dir
+  std::optional<data::Normalization> normalization;  // MNIST only; unset: guessed from data_dir
+  // Image folders only. image_size 0: 224 (an MNIST folder rejects any size but its own).
+  int64_t image_size = 0;
+  double val_split = 0.2;                  // fraction of each class held out for evaluation
+  double min_crop_scale = 0;               // smallest random crop's area fraction; 0: by image size (below)
+  bool skip_bad_images = false;            // drop unreadable images (counted) instead of stopping
   std::string init_weights;                // safetensors file to start from (--init/--weights)
   bool strict = false;                     // init_weights must match the model exactly
   bool freeze_layers = false;              // train only the classifier head
@@ -79,6 +88,18 @@ struct EvalCounts {
 // sample counts exactly once whatever the world size. Collective: all ranks call it together.
 EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& forward, data::BatchLoader& loader,
                     int64_t epoch, comm::Communicator* communicator);
+
+// The training crop's default smallest area fraction for --image-size `image_size`: the one that keeps the
+// smallest crop at torchvision's 0.08 * 224^2 pixels (about 63x63) of output, i.e. 0.08 at 224 and above,
+// 0.32 at 112, 0.98 at 64, and 1 (whole image, aspect jitter and flip only) at 32. An 8% crop of a thumbnail is a
+// few source pixels across and rarely still shows the object: on Fashion-MNIST at 32 px, ResNet-18 reached 83.6%
+// in 5 epochs with a 0.56 floor and 87.0% with 1 (docs/data_pipeline.md).
+double default_min_crop_scale(int64_t image_size);
+// Validation resizes the shorter side to image_size * this, then center-crops image_size: torchvision's 256/224
+// at 224 and above, nearer 1 as the resolution falls (1.02 at 32), because small images (Fashion-MNIST's 28 px
+// garments fill the frame) lose their edges to the crop and then no longer look like the training crops, which
+// cover up to the whole image.
+double default_val_resize_ratio(int64_t image_size);
 
 // The resolved configuration as `key: value` lines (what rank 0 prints at start).
 std::string describe(const TrainOptions& options, int world_size);
