@@ -138,6 +138,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline", type=float, default=300,
+                        help="seconds before a run that has not finished is stopped and reported as hung")
     parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
     args = parser.parse_args()
 
@@ -149,8 +151,16 @@ def main():
     processes = [context.Process(target=worker, args=(rank, args, port, results)) for rank in range(args.nproc)]
     for p in processes:
         p.start()
+    # A hung rank must fail the bench, not stall it: join against one deadline, then stop whatever is left.
+    end = time.monotonic() + args.deadline
     for p in processes:
-        p.join()
+        p.join(max(0.0, end - time.monotonic()))
+    hung = [rank for rank, p in enumerate(processes) if p.is_alive()]
+    for rank in hung:
+        processes[rank].kill()
+        processes[rank].join()
+    if hung:
+        sys.exit(f"pytorch_ddp_bench.py: error: rank(s) {hung} still running after {args.deadline:.0f} s; stopped them")
     failed = [rank for rank, p in enumerate(processes) if p.exitcode != 0]
     if failed:
         sys.exit(f"pytorch_ddp_bench.py: error: rank(s) {failed} failed")
