@@ -95,16 +95,23 @@ void expect_success(const std::vector<testing::ProcessResult>& results, const st
   }
 }
 
+// `count` blank images labelled 0, 1, 0, 1, ... and a "model" that always predicts class 0: exactly the even
+// samples are right, so a count is easy to work out by hand.
+std::shared_ptr<data::TensorDataset> alternating_labels(int64_t count) {
+  return std::make_shared<data::TensorDataset>(torch::zeros({count, 1, 28, 28}),
+                                               torch::arange(count, torch::kInt64).remainder(2));
+}
+
+torch::Tensor always_zero(const torch::Tensor& x) {
+  torch::Tensor logits = torch::zeros({x.size(0), 10});
+  logits.select(1, 0).fill_(1.0);
+  return logits;
+}
+
 TEST(Evaluate, CountsEachTestSampleOnceWhenTheWorldDoesNotDivideTheTestSet) {
   // 10 samples over 3 ranks: the sampler pads to 12 by repeating samples 0 and 1. Labels alternate 0/1 and
   // the "model" always predicts class 0, so the exact answer is 5 of 10; counting padding would give 6 of 12.
-  auto dataset = std::make_shared<data::TensorDataset>(torch::zeros({10, 1, 28, 28}),
-                                                       torch::arange(10, torch::kInt64).remainder(2));
-  const auto always_zero = [](const torch::Tensor& x) {
-    torch::Tensor logits = torch::zeros({x.size(0), 10});
-    logits.select(1, 0).fill_(1.0);
-    return logits;
-  };
+  auto dataset = alternating_labels(10);
   testing::run_thread_ranks(3, [&](int rank, comm::Communicator& communicator) {
     data::DistributedSamplerOptions sampling{3, rank, /*shuffle=*/false, 0, false};
     data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(10, sampling), 3));
@@ -137,14 +144,7 @@ TEST(Evaluate, CountsEachReadableSampleOnceWhenADroppedImageWasAlsoPadding) {
   // 10 samples on 3 ranks without shuffling: rank 1 gets 1, 4, 7 and padding 0; rank 0 gets 0, 3, 6, 9. Sample
   // 0 is unreadable, so rank 0's batch loses a real row and rank 1's its padding row: the 9 readable samples
   // count once each (labels alternate, the model predicts 0: samples 2, 4, 6, 8 are right).
-  auto inner = std::make_shared<data::TensorDataset>(torch::zeros({10, 1, 28, 28}),
-                                                     torch::arange(10, torch::kInt64).remainder(2));
-  auto dataset = std::make_shared<DroppingDataset>(inner, 0);
-  const auto always_zero = [](const torch::Tensor& x) {
-    torch::Tensor logits = torch::zeros({x.size(0), 10});
-    logits.select(1, 0).fill_(1.0);
-    return logits;
-  };
+  auto dataset = std::make_shared<DroppingDataset>(alternating_labels(10), 0);
   testing::run_thread_ranks(3, [&](int rank, comm::Communicator& communicator) {
     data::DistributedSamplerOptions sampling{3, rank, /*shuffle=*/false, 0, false};
     data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(10, sampling), 4));
