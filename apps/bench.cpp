@@ -187,8 +187,9 @@ void run_or_throw(const std::string& command, const std::string& what) {
 // Common flags for a worker of this program.
 std::string worker_args(const TrainFlags& flags) {
   const auto& o = flags.options;
-  return fmt::format("bench train --backend {} --batch-size {} --steps {} --repeats {} --warmup {} --threads {}",
-                     flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads);
+  return fmt::format("bench train --model {} --image-size {} --backend {} --batch-size {} --steps {} --repeats {} "
+                     "--warmup {} --threads {}",
+                     o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads);
 }
 
 struct TrainRow {
@@ -215,6 +216,10 @@ int run_train_driver(const TrainFlags& flags) {
   if (!flags.compare.empty() && !compare) {
     throw InvalidArgument(fmt::format("--compare '{}' is unknown; the only comparison is 'pytorch'", flags.compare));
   }
+  if (compare && flags.options.model != "cnn") {
+    throw InvalidArgument(fmt::format("--compare pytorch has only the seeds' CNN on the PyTorch side; drop --compare "
+                                      "to time --model {}", flags.options.model));
+  }
   std::string python = compare ? find_python() : "";
   if (compare && !std::filesystem::exists(flags.pytorch_script)) {
     throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
@@ -224,8 +229,10 @@ int run_train_driver(const TrainFlags& flags) {
   std::filesystem::create_directories(dir);
   const std::string self = shell_quoted(self_path());
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
-  std::fprintf(stderr, "# tandem bench train: CNN, batch %d per process, %d thread(s) each, %d x %d steps after %d "
-               "warm-up, backend %s%s\n", flags.options.batch_size, flags.threads, flags.options.repeats,
+  std::fprintf(stderr, "# tandem bench train: %s at %lldx%lld, batch %d per process, %d thread(s) each, %d x %d "
+               "steps after %d warm-up, backend %s%s\n", flags.options.model.c_str(),
+               static_cast<long long>(flags.options.image_size), static_cast<long long>(flags.options.image_size),
+               flags.options.batch_size, flags.threads, flags.options.repeats,
                flags.options.steps, flags.options.warmup, flags.backend.c_str(), compare ? ", vs PyTorch DDP" : "");
 
   std::vector<TrainRow> rows;
@@ -307,7 +314,8 @@ int run_train_driver(const TrainFlags& flags) {
   if (!flags.json_path.empty()) {
     std::ofstream file(flags.json_path);
     if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
-    file << nlohmann::json{{"benchmark", "train"}, {"model", "cnn"}, {"batch_size", flags.options.batch_size},
+    file << nlohmann::json{{"benchmark", "train"}, {"model", flags.options.model},
+                           {"image_size", flags.options.image_size}, {"batch_size", flags.options.batch_size},
                            {"threads", flags.threads}, {"rows", out}}.dump(2) << "\n";
   }
   return 0;
@@ -340,6 +348,10 @@ const CommandRegistration kBench{
           ->capture_default_str()
           ->check(CLI::IsMember(comm::available_backends()));
       train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, e.g. 1,2")
+          ->capture_default_str();
+      train->add_option("--model", train_flags->options.model, "Registered model to train (as tandem train --model)")
+          ->capture_default_str();
+      train->add_option("--image-size", train_flags->options.image_size, "Square input size (the CNN takes 28)")
           ->capture_default_str();
       train->add_option("--batch-size", train_flags->options.batch_size, "Samples per process per step")
           ->capture_default_str();

@@ -7,7 +7,8 @@
 #include <optional>
 
 #include "tandem/ddp/distributed_data_parallel.h"
-#include "tandem/nn/cnn_net.h"
+#include "tandem/nn/model_holder.h"
+#include "tandem/nn/model_registry.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench {
@@ -35,16 +36,21 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   const int world = communicator ? communicator->world_size() : 1;
   const int rank = communicator ? communicator->rank() : 0;
   torch::manual_seed(static_cast<uint64_t>(options.seed));
-  nn::CnnNet model;
-  std::optional<ddp::DistributedDataParallel<nn::CnnNet>> wrapped;
+  // The seeds' CNN reads grayscale images; every other registered model is an RGB network.
+  nn::ModelOptions shape;
+  shape.in_channels = options.model == "cnn" ? 1 : 3;
+  shape.image_size = options.image_size;
+  nn::ModelHolder model(nn::make_model(options.model, shape).module);
+  std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> wrapped;
   if (communicator) wrapped.emplace(model, communicator);
-  torch::optim::SGD optimizer(model->parameters(),
+  torch::optim::SGD optimizer((*model).parameters(),
                               torch::optim::SGDOptions(options.lr * world).momentum(0.9).weight_decay(0.005));
 
   // Each rank its own samples, as a sampler would give it.
   torch::manual_seed(static_cast<uint64_t>(options.seed) + 1 + static_cast<uint64_t>(rank));
   const int64_t batches = 16;
-  torch::Tensor images = torch::randn({batches * options.batch_size, 1, 28, 28});
+  torch::Tensor images =
+      torch::randn({batches * options.batch_size, shape.in_channels, options.image_size, options.image_size});
   torch::Tensor labels = torch::randint(0, 10, {batches * options.batch_size}, torch::kLong);
 
   auto step = [&](int i) {
@@ -69,7 +75,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   result.ms_median = median_of(result.ms_per_step);
   result.ms_min = *std::min_element(result.ms_per_step.begin(), result.ms_per_step.end());
   result.ms_max = *std::max_element(result.ms_per_step.begin(), result.ms_per_step.end());
-  for (const auto& p : model->parameters()) result.parameters += p.numel();
+  for (const auto& p : (*model).parameters()) result.parameters += p.numel();
 
   if (communicator) {
     torch::Tensor flat = torch::zeros({result.parameters}, torch::kFloat32);

@@ -21,6 +21,7 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/train/checkpoint.h"
@@ -31,19 +32,6 @@
 
 namespace tandem::train {
 namespace {
-
-// Pointer-like view of a registered model, shaped like a TORCH_MODULE holder (`*h` is the module, `h->forward`
-// runs it), so ddp::DistributedDataParallel wraps whatever --model names.
-class ModelHolder {
- public:
-  explicit ModelHolder(torch::nn::AnyModule module) : module_(std::move(module)) {}
-  torch::nn::Module& operator*() const { return *module_.ptr(); }
-  ModelHolder* operator->() { return this; }
-  torch::Tensor forward(const torch::Tensor& x) { return module_.forward(x); }
-
- private:
-  torch::nn::AnyModule module_;
-};
 
 struct NanInjection {
   int rank = -1;
@@ -345,7 +333,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     auto trainable = nn::freeze_all_but_head(model);
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
   }
-  ddp::DistributedDataParallel<ModelHolder> ddp_model(ModelHolder(model.module), communicator_ptr);
+  ddp::DistributedDataParallel<nn::ModelHolder> ddp_model(nn::ModelHolder(model.module), communicator_ptr);
 
   std::vector<torch::Tensor> trainable;
   for (auto& p : module.parameters()) {

@@ -3,6 +3,7 @@
 // per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP job, or alone
 // with no communication at all (the baseline that scaling efficiency is measured against).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tandem/comm/communicator.h"
@@ -10,6 +11,8 @@
 namespace tandem::bench {
 
 struct TrainBenchOptions {
+  std::string model = "cnn";  // any name in the model registry (--model of tandem train)
+  int64_t image_size = 28;    // square inputs; the CNN takes 28
   int batch_size = 64;  // per process
   int steps = 20;       // timed steps per repeat
   int repeats = 5;      // ms/step is reported as median and spread over repeats
