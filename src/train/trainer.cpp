@@ -28,6 +28,7 @@
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
 #include "tandem/train/safetensors.h"
+#include "tandem/util/compat.h"
 #include "tandem/util/log.h"
 
 namespace tandem::train {
@@ -407,7 +408,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     int64_t loss_count = 0, epoch_steps = 0;
     const auto start = std::chrono::steady_clock::now();
     while (std::optional<data::Batch> batch = train_loader.next()) {
-      optimizer.zero_grad();
+      compat::drop_gradients(optimizer);
       torch::Tensor logits = forward(batch->data);
       // Every image of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward,
       // so this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
