@@ -188,8 +188,9 @@ void run_or_throw(const std::string& command, const std::string& what) {
 std::string worker_args(const TrainFlags& flags) {
   const auto& o = flags.options;
   return fmt::format("bench train --model {} --image-size {} --backend {} --batch-size {} --steps {} --repeats {} "
-                     "--warmup {} --threads {}",
-                     o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads);
+                     "--warmup {} --threads {} --bucket-cap-mb {}{}",
+                     o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads,
+                     o.ddp.bucket_cap_mb, o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
 }
 
 struct TrainRow {
@@ -229,11 +230,14 @@ int run_train_driver(const TrainFlags& flags) {
   std::filesystem::create_directories(dir);
   const std::string self = shell_quoted(self_path());
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
-  std::fprintf(stderr, "# tandem bench train: %s at %lldx%lld, batch %d per process, %d thread(s) each, %d x %d "
-               "steps after %d warm-up, backend %s%s\n", flags.options.model.c_str(),
-               static_cast<long long>(flags.options.image_size), static_cast<long long>(flags.options.image_size),
-               flags.options.batch_size, flags.threads, flags.options.repeats,
-               flags.options.steps, flags.options.warmup, flags.backend.c_str(), compare ? ", vs PyTorch DDP" : "");
+  const auto& ddp = flags.options.ddp;
+  fmt::print(stderr,
+             "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} x {} steps after {} "
+             "warm-up, backend {}, buckets of {} MiB{}{}\n",
+             flags.options.model, flags.options.image_size, flags.options.image_size, flags.options.batch_size,
+             flags.threads, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
+             ddp.bucket_cap_mb, ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
+             compare ? ", vs PyTorch DDP" : "");
 
   std::vector<TrainRow> rows;
   for (int n : world_sizes) {
@@ -270,11 +274,12 @@ int run_train_driver(const TrainFlags& flags) {
       TrainRow py{"pytorch", n, {}, {}};
       for (const char* mode : {"independent", "ddp"}) {
         std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
+        const auto& o = flags.options;
         run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
-                                 "--repeats {} --warmup {} > {}",
-                                 env, python, shell_quoted(flags.pytorch_script), n, mode, flags.options.batch_size,
-                                 flags.threads, flags.options.steps, flags.options.repeats, flags.options.warmup,
-                                 shell_quoted(out)),
+                                 "--repeats {} --warmup {} --bucket-cap-mb {}{} > {}",
+                                 env, python, shell_quoted(flags.pytorch_script), n, mode, o.batch_size,
+                                 flags.threads, o.steps, o.repeats, o.warmup, o.ddp.bucket_cap_mb,
+                                 o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "", shell_quoted(out)),
                      "the PyTorch DDP script");
         (std::string(mode) == "ddp" ? py.ddp : py.independent) = read_json(out);
       }
@@ -316,7 +321,8 @@ int run_train_driver(const TrainFlags& flags) {
     if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
     file << nlohmann::json{{"benchmark", "train"}, {"model", flags.options.model},
                            {"image_size", flags.options.image_size}, {"batch_size", flags.options.batch_size},
-                           {"threads", flags.threads}, {"rows", out}}.dump(2) << "\n";
+                           {"threads", flags.threads}, {"bucket_cap_mb", ddp.bucket_cap_mb},
+                           {"gradient_as_bucket_view", ddp.gradient_as_bucket_view}, {"rows", out}}.dump(2) << "\n";
   }
   return 0;
 }
@@ -360,6 +366,12 @@ const CommandRegistration kBench{
           ->capture_default_str();
       train->add_option("--warmup", train_flags->options.warmup, "Untimed steps first")->capture_default_str();
       train->add_option("--threads", train_flags->threads, "Intra-op threads per process")->capture_default_str();
+      train->add_option("--bucket-cap-mb", train_flags->options.ddp.bucket_cap_mb,
+                        "DDP bucket size in MiB (PyTorch's bucket_cap_mb); larger buckets start communicating later")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+      train->add_flag("--gradient-as-bucket-view", train_flags->options.ddp.gradient_as_bucket_view,
+                      "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
       train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: 'pytorch'");
       train->add_option("--pytorch-script", train_flags->pytorch_script, "The PyTorch side script")
           ->capture_default_str();

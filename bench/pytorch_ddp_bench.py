@@ -91,7 +91,8 @@ def worker(rank, args, port, results):
     torch.manual_seed(args.seed)
     model = CNNNet()
     if distributed:
-        model = DistributedDataParallel(model)
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                        gradient_as_bucket_view=args.gradient_as_bucket_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
     loss_function = torch.nn.CrossEntropyLoss()
     x, y, source = load_data(args.data, args.batch_size * world * 16)
@@ -136,6 +137,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median and spread over them)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP bucket size in MiB")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", type=float, default=300,

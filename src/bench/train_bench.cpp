@@ -9,6 +9,7 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench {
@@ -42,7 +43,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   shape.image_size = options.image_size;
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> wrapped;
-  if (communicator) wrapped.emplace(model, communicator);
+  if (communicator) wrapped.emplace(model, communicator, options.ddp);
   torch::optim::SGD optimizer((*model).parameters(),
                               torch::optim::SGDOptions(options.lr * world).momentum(0.9).weight_decay(0.005));
 
@@ -57,7 +58,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
     int64_t start = (i % batches) * options.batch_size;
     torch::Tensor x = images.narrow(0, start, options.batch_size);
     torch::Tensor y = labels.narrow(0, start, options.batch_size);
-    optimizer.zero_grad();
+    compat::drop_gradients(optimizer);  // as the PyTorch side's zero_grad(set_to_none=True)
     torch::Tensor logits = wrapped ? (*wrapped)(x) : model->forward(x);
     torch::nn::functional::cross_entropy(logits, y).backward();
     optimizer.step();

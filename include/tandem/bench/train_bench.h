@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tandem/comm/communicator.h"
+#include "tandem/ddp/ddp_options.h"
 
 namespace tandem::bench {
 
@@ -19,6 +20,7 @@ struct TrainBenchOptions {
   int warmup = 10;      // untimed steps first
   double lr = 0.01;     // times the world size, as the seeds do
   uint64_t seed = 0;
+  ddp::DdpOptions ddp;  // bucket sizes and gradient_as_bucket_view, as the command line sets them
 };
 
 struct TrainBenchResult {
