@@ -188,9 +188,10 @@ void run_or_throw(const std::string& command, const std::string& what) {
 std::string worker_args(const TrainFlags& flags) {
   const auto& o = flags.options;
   return fmt::format("bench train --model {} --image-size {} --backend {} --batch-size {} --steps {} --repeats {} "
-                     "--warmup {} --threads {} --bucket-cap-mb {}{}",
+                     "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {}{}",
                      o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads,
-                     o.ddp.bucket_cap_mb, o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
+                     o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb,
+                     o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
 }
 
 struct TrainRow {
@@ -221,6 +222,9 @@ int run_train_driver(const TrainFlags& flags) {
     throw InvalidArgument(fmt::format("--compare pytorch has only the seeds' CNN on the PyTorch side; drop --compare "
                                       "to time --model {}", flags.options.model));
   }
+  if (compare && flags.options.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
+    throw InvalidArgument("--first-bucket-cap-mb has no counterpart in PyTorch's DDP; drop it with --compare pytorch");
+  }
   std::string python = compare ? find_python() : "";
   if (compare && !std::filesystem::exists(flags.pytorch_script)) {
     throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
@@ -233,10 +237,10 @@ int run_train_driver(const TrainFlags& flags) {
   const auto& ddp = flags.options.ddp;
   fmt::print(stderr,
              "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} x {} steps after {} "
-             "warm-up, backend {}, buckets of {} MiB{}{}\n",
+             "warm-up, backend {}, buckets of {} MiB (first {} MiB){}{}\n",
              flags.options.model, flags.options.image_size, flags.options.image_size, flags.options.batch_size,
              flags.threads, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
-             ddp.bucket_cap_mb, ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
+             ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
              compare ? ", vs PyTorch DDP" : "");
 
   std::vector<TrainRow> rows;
@@ -322,6 +326,7 @@ int run_train_driver(const TrainFlags& flags) {
     file << nlohmann::json{{"benchmark", "train"}, {"model", flags.options.model},
                            {"image_size", flags.options.image_size}, {"batch_size", flags.options.batch_size},
                            {"threads", flags.threads}, {"bucket_cap_mb", ddp.bucket_cap_mb},
+                           {"first_bucket_cap_mb", ddp.first_bucket_cap_mb},
                            {"gradient_as_bucket_view", ddp.gradient_as_bucket_view}, {"rows", out}}.dump(2) << "\n";
   }
   return 0;
@@ -368,6 +373,11 @@ const CommandRegistration kBench{
       train->add_option("--threads", train_flags->threads, "Intra-op threads per process")->capture_default_str();
       train->add_option("--bucket-cap-mb", train_flags->options.ddp.bucket_cap_mb,
                         "DDP bucket size in MiB (PyTorch's bucket_cap_mb); larger buckets start communicating later")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+      train->add_option("--first-bucket-cap-mb", train_flags->options.ddp.first_bucket_cap_mb,
+                        "Size of the first DDP bucket in MiB, which starts communicating earliest (tandem only: "
+                        "PyTorch fixes it at 1)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
       train->add_flag("--gradient-as-bucket-view", train_flags->options.ddp.gradient_as_bucket_view,
