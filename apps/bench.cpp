@@ -136,6 +136,7 @@ struct TrainFlags {
   std::string world_sizes = "1,2";
   bench::TrainBenchOptions options;
   int threads = 1;
+  int rounds = 1;
   std::string compare;
   std::string pytorch_script = "bench/pytorch_ddp_bench.py";
   std::string json_path;
@@ -194,12 +195,31 @@ std::string worker_args(const TrainFlags& flags) {
                      o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
 }
 
+// One framework at one world size: per round, the DDP job and the independent processes that it is
+// compared with, run back to back so that both see the machine in the same state.
 struct TrainRow {
   std::string framework;
   int world_size = 1;
-  nlohmann::json ddp;          // the job with communication
-  nlohmann::json independent;  // N processes alone, the slowest one
+  std::vector<nlohmann::json> ddp;          // the job with communication, one result per round
+  std::vector<nlohmann::json> independent;  // N processes alone, the slowest one, one per round
 };
+
+double median_over_rounds(const std::vector<nlohmann::json>& rounds, const char* field) {
+  std::vector<double> values;
+  for (const auto& round : rounds) values.push_back(round.value(field, 0.0));
+  return bench::median_of(values);
+}
+
+// Per-round ratio `numerator[field] / denominator[field]`, median over rounds: paired, so a machine that drifts
+// between rounds moves both sides of each ratio alike.
+double paired_ratio(const std::vector<nlohmann::json>& numerator, const std::vector<nlohmann::json>& denominator,
+                    const char* field) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < numerator.size(); ++r) {
+    ratios.push_back(numerator[r][field].get<double>() / denominator[r][field].get<double>());
+  }
+  return bench::median_of(ratios);
+}
 
 std::string find_python() {
   // Debian's python3-torch installs into the system interpreter, which a pyenv or venv python3 may shadow.
@@ -236,16 +256,15 @@ int run_train_driver(const TrainFlags& flags) {
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
   const auto& ddp = flags.options.ddp;
   fmt::print(stderr,
-             "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} x {} steps after {} "
-             "warm-up, backend {}, buckets of {} MiB (first {} MiB){}{}\n",
+             "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
+             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB){}{}\n",
              flags.options.model, flags.options.image_size, flags.options.image_size, flags.options.batch_size,
-             flags.threads, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
+             flags.threads, flags.rounds, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
              ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
              compare ? ", vs PyTorch DDP" : "");
 
-  std::vector<TrainRow> rows;
-  for (int n : world_sizes) {
-    TrainRow row{"tandem", n, {}, {}};
+  // One round of tandem at world size n: the independent processes, then the DDP job.
+  auto tandem_round = [&](int n, TrainRow& row) {
     // N processes with no communication, started together so they share the cores as the job does.
     std::string together;
     for (int i = 0; i < n; ++i) {
@@ -253,42 +272,49 @@ int run_train_driver(const TrainFlags& flags) {
                               shell_quoted((dir / fmt::format("ind_{}_{}.json", n, i)).string()));
     }
     run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
+    nlohmann::json slowest;
     for (int i = 0; i < n; ++i) {
       nlohmann::json one = read_json((dir / fmt::format("ind_{}_{}.json", n, i)).string());
-      if (row.independent.is_null() || one["ms_per_step_median"] > row.independent["ms_per_step_median"]) {
-        row.independent = one;
-      }
+      if (slowest.is_null() || one["ms_per_step_median"] > slowest["ms_per_step_median"]) slowest = one;
     }
+    row.independent.push_back(slowest);
     if (n == 1) {
-      row.ddp = row.independent;
-    } else {
-      std::string result = shell_quoted((dir / fmt::format("ddp_{}.json", n)).string());
-      std::string command =
-          flags.backend == "mpi"
-              ? fmt::format("{}mpirun {}-np {} {} {} --worker ddp --result {}", env,
-                            ::geteuid() == 0 ? "--allow-run-as-root " : "", n, self, worker_args(flags), result)
-              : fmt::format("{}{} run --nproc-per-node {} -- {} {} --worker ddp --result {}", env, self, n, self,
-                            worker_args(flags), result);
-      run_or_throw(command, fmt::format("the {}-rank DDP job", n));
-      row.ddp = read_json((dir / fmt::format("ddp_{}.json", n)).string());
+      row.ddp.push_back(slowest);
+      return;
     }
-    rows.push_back(row);
+    std::string result = shell_quoted((dir / fmt::format("ddp_{}.json", n)).string());
+    std::string command =
+        flags.backend == "mpi"
+            ? fmt::format("{}mpirun {}-np {} {} {} --worker ddp --result {}", env,
+                          ::geteuid() == 0 ? "--allow-run-as-root " : "", n, self, worker_args(flags), result)
+            : fmt::format("{}{} run --nproc-per-node {} -- {} {} --worker ddp --result {}", env, self, n, self,
+                          worker_args(flags), result);
+    run_or_throw(command, fmt::format("the {}-rank DDP job", n));
+    row.ddp.push_back(read_json((dir / fmt::format("ddp_{}.json", n)).string()));
+  };
+  auto pytorch_round = [&](int n, TrainRow& row) {
+    const auto& o = flags.options;
+    for (const char* mode : {"independent", "ddp"}) {
+      std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
+      run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
+                               "--repeats {} --warmup {} --bucket-cap-mb {}{} > {}",
+                               env, python, shell_quoted(flags.pytorch_script), n, mode, o.batch_size, flags.threads,
+                               o.steps, o.repeats, o.warmup, o.ddp.bucket_cap_mb,
+                               o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "", shell_quoted(out)),
+                   "the PyTorch DDP script");
+      (std::string(mode) == "ddp" ? row.ddp : row.independent).push_back(read_json(out));
+    }
+  };
 
-    if (compare) {
-      TrainRow py{"pytorch", n, {}, {}};
-      for (const char* mode : {"independent", "ddp"}) {
-        std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
-        const auto& o = flags.options;
-        run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
-                                 "--repeats {} --warmup {} --bucket-cap-mb {}{} > {}",
-                                 env, python, shell_quoted(flags.pytorch_script), n, mode, o.batch_size,
-                                 flags.threads, o.steps, o.repeats, o.warmup, o.ddp.bucket_cap_mb,
-                                 o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "", shell_quoted(out)),
-                     "the PyTorch DDP script");
-        (std::string(mode) == "ddp" ? py.ddp : py.independent) = read_json(out);
-      }
-      rows.push_back(py);
+  std::vector<TrainRow> rows;
+  for (int n : world_sizes) {
+    TrainRow row{"tandem", n, {}, {}}, py{"pytorch", n, {}, {}};
+    for (int round = 0; round < flags.rounds; ++round) {
+      tandem_round(n, row);
+      if (compare) pytorch_round(n, py);
     }
+    rows.push_back(std::move(row));
+    if (compare) rows.push_back(std::move(py));
   }
   std::filesystem::remove_all(dir);
 
@@ -296,28 +322,33 @@ int run_train_driver(const TrainFlags& flags) {
              "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden");
   nlohmann::json out = nlohmann::json::array();
   for (const auto& row : rows) {
-    double ms = row.ddp["ms_per_step_median"], independent_ms = row.independent["ms_per_step_median"];
-    double samples = row.world_size * flags.options.batch_size * 1000.0 / ms;
-    double efficiency = independent_ms / ms;
-    double allreduce_ms = row.ddp.value("allreduce_ms", 0.0);
+    const double ms = median_over_rounds(row.ddp, "ms_per_step_median");
+    const double independent_ms = median_over_rounds(row.independent, "ms_per_step_median");
+    const double samples = row.world_size * flags.options.batch_size * 1000.0 / ms;
+    const double efficiency = paired_ratio(row.independent, row.ddp, "ms_per_step_median");
+    const double allreduce_ms = median_over_rounds(row.ddp, "allreduce_ms");
+    double fastest = row.ddp.front()["ms_per_step_min"], slowest = row.ddp.front()["ms_per_step_max"];
+    for (const auto& round : row.ddp) {
+      fastest = std::min(fastest, round["ms_per_step_min"].get<double>());
+      slowest = std::max(slowest, round["ms_per_step_max"].get<double>());
+    }
     std::string hidden = "-";
     if (row.world_size > 1 && allreduce_ms > 0) {
       hidden = fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
     }
     std::string backend = row.framework == "pytorch" ? "gloo" : flags.backend;
     fmt::print("{:>9} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework, backend,
-               row.world_size, samples, ms,
-               fmt::format("{:.2f}..{:.2f}", row.ddp["ms_per_step_min"].get<double>(),
-                           row.ddp["ms_per_step_max"].get<double>()),
-               independent_ms, efficiency, hidden);
+               row.world_size, samples, ms, fmt::format("{:.2f}..{:.2f}", fastest, slowest), independent_ms,
+               efficiency, hidden);
     out.push_back({{"framework", row.framework}, {"backend", backend}, {"world_size", row.world_size},
-                   {"samples_per_s", samples}, {"scaling_efficiency", efficiency}, {"hidden", hidden},
-                   {"ddp", row.ddp}, {"independent", row.independent}});
+                   {"samples_per_s", samples}, {"ms_per_step_median", ms}, {"independent_ms_per_step", independent_ms},
+                   {"scaling_efficiency", efficiency}, {"hidden", hidden}, {"ddp_rounds", row.ddp},
+                   {"independent_rounds", row.independent}});
   }
   if (compare) {
     for (size_t i = 0; i + 1 < rows.size(); i += 2) {
-      double ours = rows[i].ddp["ms_per_step_median"], theirs = rows[i + 1].ddp["ms_per_step_median"];
-      fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size, theirs / ours);
+      fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size,
+                 paired_ratio(rows[i + 1].ddp, rows[i].ddp, "ms_per_step_median"));
     }
   }
   if (!flags.json_path.empty()) {
@@ -325,7 +356,7 @@ int run_train_driver(const TrainFlags& flags) {
     if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
     file << nlohmann::json{{"benchmark", "train"}, {"model", flags.options.model},
                            {"image_size", flags.options.image_size}, {"batch_size", flags.options.batch_size},
-                           {"threads", flags.threads}, {"bucket_cap_mb", ddp.bucket_cap_mb},
+                           {"threads", flags.threads}, {"rounds", flags.rounds}, {"bucket_cap_mb", ddp.bucket_cap_mb},
                            {"first_bucket_cap_mb", ddp.first_bucket_cap_mb},
                            {"gradient_as_bucket_view", ddp.gradient_as_bucket_view}, {"rows", out}}.dump(2) << "\n";
   }
@@ -382,6 +413,11 @@ const CommandRegistration kBench{
           ->check(CLI::PositiveNumber);
       train->add_flag("--gradient-as-bucket-view", train_flags->options.ddp.gradient_as_bucket_view,
                       "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
+      train->add_option("--rounds", train_flags->rounds,
+                        "Run every measurement this many times, interleaved; figures are medians over rounds and "
+                        "ratios are paired within a round (steadier on a noisy machine)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
       train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: 'pytorch'");
       train->add_option("--pytorch-script", train_flags->pytorch_script, "The PyTorch side script")
           ->capture_default_str();

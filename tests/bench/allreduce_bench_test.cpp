@@ -97,12 +97,13 @@ TEST(BenchProgram, RefusesABadSizeWithOneLine) {
   EXPECT_NE(result.output.find("size '4X' is not a positive number of bytes"), std::string::npos) << result.output;
 }
 
-TEST(BenchProgram, TrainRecordsItsDdpOptions) {
+TEST(BenchProgram, TrainRecordsItsDdpOptionsAndEveryRound) {
   std::string json_path = ::testing::TempDir() + "tandem_bench_train.json";
   std::filesystem::remove(json_path);
   testing::ProcessResult result = testing::run_process(
       {testing::tandem_cli(), "bench", "train", "--world-sizes", "1", "--steps", "2", "--repeats", "1", "--warmup",
-       "1", "--bucket-cap-mb", "5", "--first-bucket-cap-mb", "2", "--gradient-as-bucket-view", "--json", json_path});
+       "1", "--rounds", "2", "--bucket-cap-mb", "5", "--first-bucket-cap-mb", "2", "--gradient-as-bucket-view",
+       "--json", json_path});
   ASSERT_FALSE(result.timed_out) << result.output;
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("buckets of 5 MiB (first 2 MiB), gradient_as_bucket_view"), std::string::npos)
@@ -113,8 +114,11 @@ TEST(BenchProgram, TrainRecordsItsDdpOptions) {
   EXPECT_EQ(json["bucket_cap_mb"], 5.0);
   EXPECT_EQ(json["first_bucket_cap_mb"], 2.0);
   EXPECT_TRUE(json["gradient_as_bucket_view"].get<bool>());
+  EXPECT_EQ(json["rounds"], 2);
   ASSERT_EQ(json["rows"].size(), 1u);
   EXPECT_GT(json["rows"][0]["samples_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(json["rows"][0]["ddp_rounds"].size(), 2u);
+  EXPECT_EQ(json["rows"][0]["independent_rounds"].size(), 2u);
 }
 
 TEST(BenchProgram, TrainRefusesAFirstBucketCapThatPyTorchCannotMatch) {
