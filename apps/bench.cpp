@@ -185,14 +185,19 @@ void run_or_throw(const std::string& command, const std::string& what) {
   if (status != 0) throw CommError(fmt::format("{} failed (exit status {}); its command was: {}", what, status, command));
 }
 
+// The DDP options that this program's workers and the PyTorch side script both take, spelled alike.
+std::string shared_ddp_args(const ddp::DdpOptions& options) {
+  return fmt::format("--bucket-cap-mb {}{}", options.bucket_cap_mb,
+                     options.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
+}
+
 // Common flags for a worker of this program.
 std::string worker_args(const TrainFlags& flags) {
   const auto& o = flags.options;
   return fmt::format("bench train --model {} --image-size {} --backend {} --batch-size {} --steps {} --repeats {} "
-                     "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {}{}",
+                     "--warmup {} --threads {} --first-bucket-cap-mb {} {}",
                      o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads,
-                     o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb,
-                     o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "");
+                     o.ddp.first_bucket_cap_mb, shared_ddp_args(o.ddp));
 }
 
 // One framework at one world size: per round, the DDP job and the independent processes that it is
@@ -254,13 +259,14 @@ int run_train_driver(const TrainFlags& flags) {
   std::filesystem::create_directories(dir);
   const std::string self = shell_quoted(self_path());
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
-  const auto& ddp = flags.options.ddp;
+  const auto& ddp_options = flags.options.ddp;
   fmt::print(stderr,
              "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
              "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB){}{}\n",
              flags.options.model, flags.options.image_size, flags.options.image_size, flags.options.batch_size,
              flags.threads, flags.rounds, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
-             ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
+             ddp_options.bucket_cap_mb, ddp_options.first_bucket_cap_mb,
+             ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
              compare ? ", vs PyTorch DDP" : "");
 
   // One round of tandem at world size n: the independent processes, then the DDP job.
@@ -297,10 +303,9 @@ int run_train_driver(const TrainFlags& flags) {
     for (const char* mode : {"independent", "ddp"}) {
       std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
       run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
-                               "--repeats {} --warmup {} --bucket-cap-mb {}{} > {}",
+                               "--repeats {} --warmup {} {} > {}",
                                env, python, shell_quoted(flags.pytorch_script), n, mode, o.batch_size, flags.threads,
-                               o.steps, o.repeats, o.warmup, o.ddp.bucket_cap_mb,
-                               o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "", shell_quoted(out)),
+                               o.steps, o.repeats, o.warmup, shared_ddp_args(o.ddp), shell_quoted(out)),
                    "the PyTorch DDP script");
       (std::string(mode) == "ddp" ? row.ddp : row.independent).push_back(read_json(out));
     }
@@ -356,9 +361,9 @@ int run_train_driver(const TrainFlags& flags) {
     if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
     file << nlohmann::json{{"benchmark", "train"}, {"model", flags.options.model},
                            {"image_size", flags.options.image_size}, {"batch_size", flags.options.batch_size},
-                           {"threads", flags.threads}, {"rounds", flags.rounds}, {"bucket_cap_mb", ddp.bucket_cap_mb},
-                           {"first_bucket_cap_mb", ddp.first_bucket_cap_mb},
-                           {"gradient_as_bucket_view", ddp.gradient_as_bucket_view}, {"rows", out}}.dump(2) << "\n";
+                           {"threads", flags.threads}, {"rounds", flags.rounds}, {"bucket_cap_mb", ddp_options.bucket_cap_mb},
+                           {"first_bucket_cap_mb", ddp_options.first_bucket_cap_mb},
+                           {"gradient_as_bucket_view", ddp_options.gradient_as_bucket_view}, {"rows", out}}.dump(2) << "\n";
   }
   return 0;
 }
