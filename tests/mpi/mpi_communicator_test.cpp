@@ -79,10 +79,11 @@ TEST(MpiCollectivesWorker, Run) {
   EXPECT_TRUE(torch::all(big == static_cast<float>(world_size())).item<bool>());
 
   // Large all-reduces go in pieces and average piece by piece: a 2-D tensor whose last piece is partial.
-  torch::Tensor matrix = testing::rank_values(rank(), 5 * 300001, torch::kFloat).view({5, 300001});
+  const auto rank_matrix = [](int r) { return testing::rank_values(r, 5 * 300001, torch::kFloat).view({5, 300001}); };
+  torch::Tensor matrix = rank_matrix(rank());
   comm.all_reduce(matrix, ReduceOp::Avg)->wait();
   torch::Tensor expected = torch::zeros_like(matrix);
-  for (int r = 0; r < world_size(); ++r) expected += testing::rank_values(r, 5 * 300001, torch::kFloat).view({5, 300001});
+  for (int r = 0; r < world_size(); ++r) expected += rank_matrix(r);
   EXPECT_TRUE(torch::allclose(matrix, expected / world_size()));
 
   torch::Tensor value = torch::tensor({static_cast<double>(rank())});
