@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/cuda.h>
 
 #include "tandem/comm/gloo/gloo_communicator.h"
 #include "tandem/config.h"
@@ -23,10 +22,10 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-std::string default_backend() { return TANDEM_HAVE_NCCL && torch::cuda::is_available() ? "nccl" : "gloo"; }
+std::string default_backend(const torch::Device& device) { return TANDEM_HAVE_NCCL && device.is_cuda() ? "nccl" : "gloo"; }
 
 CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,
-                                  std::chrono::milliseconds timeout) {
+                                  std::chrono::milliseconds timeout, const torch::Device& device) {
   if (backend == "gloo") {
     GlooOptions options;
     // Ranks on one node talk over loopback; across nodes Gloo must bind an address the others can reach.
@@ -37,12 +36,12 @@ CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& st
   if (backend == "mpi") return std::make_shared<MpiCommunicator>(layout, timeout);
 #endif
 #if TANDEM_HAVE_NCCL
-  if (backend == "nccl") return std::make_shared<NcclCommunicator>(store, layout, timeout);
+  if (backend == "nccl") return std::make_shared<NcclCommunicator>(store, layout, timeout, device);
 #endif
   throw UnsupportedError(fmt::format("backend '{}' is not available in this build of tandem (available: {}){}",
                                      backend, fmt::join(available_backends(), ", "),
                                      backend == "mpi"    ? "; install libopenmpi-dev and rebuild"
-                                     : backend == "nccl" ? "; build against a LibTorch with CUDA"
+                                     : backend == "nccl" ? "; build against a LibTorch with CUDA (scripts/build --libtorch pypi)"
                                                          : ""));
 }
 

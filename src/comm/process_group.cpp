@@ -3,6 +3,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "tandem/comm/backend.h"
+#include "tandem/comm/value_collectives.h"
+#include "tandem/util/device.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
 
@@ -11,21 +13,27 @@ namespace {
 std::unique_ptr<ProcessGroup> default_group_;
 }  // namespace
 
-ProcessGroup::ProcessGroup(comm::RankLayout layout, comm::StorePtr store, comm::CommunicatorPtr communicator)
-    : layout_(std::move(layout)), store_(std::move(store)), communicator_(std::move(communicator)) {}
+ProcessGroup::ProcessGroup(comm::RankLayout layout, torch::Device device, comm::StorePtr store,
+                           comm::CommunicatorPtr communicator)
+    : layout_(std::move(layout)),
+      device_(device),
+      store_(std::move(store)),
+      communicator_(std::move(communicator)) {}
 
 ProcessGroup& init_process_group(const InitOptions& options) {
   if (default_group_) throw InvalidArgument("init_process_group() was already called in this process");
   comm::RankLayout layout = comm::detect_rank_layout(options.layout);
   log::set_identity(layout.rank, layout.world_size);
-  std::string backend = options.backend.empty() ? comm::default_backend() : options.backend;
+  const torch::Device device = select_device(options.device, layout.local_rank);
+  make_current(device);
+  std::string backend = options.backend.empty() ? comm::default_backend(device) : options.backend;
   // A world of one needs no network: an in-memory store keeps single-process runs free of ports.
   comm::StorePtr store = layout.distributed() && backend != "mpi"
                              ? comm::make_store(options.init_method, layout, options.timeout)
                              : comm::StorePtr(c10::make_intrusive<c10d::HashStore>());
   if (layout.distributed() && backend != "mpi") comm::join(*store, layout.rank, layout.world_size, options.timeout);
-  comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, options.timeout);
-  default_group_ = std::make_unique<ProcessGroup>(layout, store, communicator);
+  comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, options.timeout, device);
+  default_group_ = std::make_unique<ProcessGroup>(layout, device, store, communicator);
   return *default_group_;
 }
 
@@ -45,7 +53,7 @@ bool is_main_process() { return rank() == 0; }
 
 torch::Tensor reduce_value(torch::Tensor value, bool average) {
   if (world_size() < 2) return value;
-  default_group_->communicator().all_reduce(value, average ? comm::ReduceOp::Avg : comm::ReduceOp::Sum)->wait();
+  comm::all_reduce_values(default_group_->communicator(), value, average ? comm::ReduceOp::Avg : comm::ReduceOp::Sum);
   return value;
 }
 

@@ -68,8 +68,9 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
   }
 
   tail_numel_ = world_size_ + (options_.find_unused_parameters ? static_cast<int64_t>(params_.size()) : 0);
-  tail_host_.assign(static_cast<size_t>(tail_numel_), 0.0f);
   torch::NoGradGuard no_grad;
+  tail_host_ = torch::zeros({tail_numel_}, torch::kFloat);
+  if (!layouts_.empty() && layouts_.back().device.is_cuda()) tail_host_ = tail_host_.pin_memory();
   buckets_.resize(layouts_.size());
   for (size_t b = 0; b < layouts_.size(); ++b) {
     const BucketLayout& layout = layouts_[b];
@@ -172,16 +173,17 @@ void Reducer::launch_complete_buckets() {
   }
 }
 
+// The previous iteration's copy of tail_host_ has completed: finish_backward read its result back.
 void Reducer::fill_tail() {
-  std::fill(tail_host_.begin(), tail_host_.end(), 0.0f);
-  tail_host_[rank_] = local_unused_error_ ? 1.0f : 0.0f;
+  float* flags = tail_host_.data_ptr<float>();
+  std::fill(flags, flags + tail_numel_, 0.0f);
+  flags[rank_] = local_unused_error_ ? 1.0f : 0.0f;
   if (options_.find_unused_parameters) {
-    for (size_t i = 0; i < params_.size(); ++i) tail_host_[world_size_ + i] = used_since_sync_[i] ? 1.0f : 0.0f;
+    for (size_t i = 0; i < params_.size(); ++i) flags[world_size_ + i] = used_since_sync_[i] ? 1.0f : 0.0f;
   }
   torch::NoGradGuard no_grad;
   torch::Tensor& buffer = buckets_.back().buffer;
-  buffer.narrow(0, layouts_.back().numel, tail_numel_)
-      .copy_(torch::from_blob(tail_host_.data(), {tail_numel_}, torch::kFloat));
+  buffer.narrow(0, layouts_.back().numel, tail_numel_).copy_(tail_host_, /*non_blocking=*/buffer.is_cuda());
 }
 
 void Reducer::finish_backward() {

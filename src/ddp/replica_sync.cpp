@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
 
 namespace tandem::ddp {
@@ -33,13 +34,6 @@ int64_t fingerprint(const std::string& text) {
   return static_cast<int64_t>(hash == 0 ? 1 : hash);
 }
 
-std::vector<torch::Tensor> gather(comm::Communicator& communicator, const torch::Tensor& input) {
-  std::vector<torch::Tensor> outputs(communicator.world_size());
-  for (auto& out : outputs) out = torch::empty_like(input);
-  communicator.all_gather(outputs, input)->wait();
-  return outputs;
-}
-
 }  // namespace
 
 void verify_replicas_match(comm::Communicator& communicator, const torch::OrderedDict<std::string, torch::Tensor>& parameters,
@@ -52,7 +46,7 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
   std::string all;
   for (const auto& entry : entries) all += entry + "\n";
   const int world = communicator.world_size();
-  auto summaries = gather(communicator, torch::tensor({static_cast<int64_t>(entries.size()), fingerprint(all)}));
+  auto summaries = comm::all_gather_values(communicator, torch::tensor({static_cast<int64_t>(entries.size()), fingerprint(all)}));
   bool same = true;
   int64_t max_count = 0;
   for (const auto& summary : summaries) {
@@ -64,7 +58,7 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
   // Slow path, taken by every rank alike since all saw the same summaries: find the first differing entry.
   torch::Tensor hashes = torch::zeros({max_count}, torch::kLong);
   for (size_t i = 0; i < entries.size(); ++i) hashes[i] = fingerprint(entries[i]);
-  auto all_hashes = gather(communicator, hashes);
+  auto all_hashes = comm::all_gather_values(communicator, hashes);
   int64_t first = 0;
   while (first < max_count) {
     bool differs = false;
@@ -78,7 +72,7 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
   mine.resize(std::min<size_t>(mine.size(), kDescriptionBytes - 1));
   torch::Tensor text = torch::zeros({kDescriptionBytes}, torch::kByte);
   std::memcpy(text.data_ptr<uint8_t>(), mine.data(), mine.size());
-  auto texts = gather(communicator, text);
+  auto texts = comm::all_gather_values(communicator, text);
 
   // Group ranks by what they have at that entry, rank 0's version first.
   std::vector<std::pair<std::string, std::vector<int>>> versions;

@@ -14,11 +14,12 @@ namespace tandem::comm {
 // Backends compiled into this build, e.g. {"gloo", "mpi"}.
 std::vector<std::string> available_backends();
 
-// "nccl" where CUDA is usable and the backend was built, else "gloo".
-std::string default_backend();
+// "nccl" for ranks that compute on a GPU (where the backend was built), "gloo" otherwise.
+std::string default_backend(const torch::Device& device);
 
-// Connects this rank to the others. Throws UnsupportedError for a backend that this build lacks.
+// Connects this rank, which computes on `device`, to the others. Throws UnsupportedError for a backend that this
+// build lacks.
 CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,
-                                  std::chrono::milliseconds timeout);
+                                  std::chrono::milliseconds timeout, const torch::Device& device = torch::kCPU);
 
 }  // namespace tandem::comm

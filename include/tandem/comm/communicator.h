@@ -33,6 +33,9 @@ class Communicator {
   virtual std::string backend_name() const = 0;
   // Deadline for each collective; a collective not complete by then fails with TimeoutError.
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Where this backend wants the tensors it reduces: the CPU for gloo and mpi, the rank's GPU for nccl.
+  // Small values (flags, counts, losses) go through comm/value_collectives.h, which stages them there.
+  virtual torch::Device device() const { return torch::kCPU; }
 
   // In place: every rank ends with op applied element-wise over all ranks' `tensor`.
   virtual WorkPtr all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;

@@ -16,7 +16,9 @@ namespace tandem {
 inline constexpr std::chrono::minutes kDefaultTimeout{5};
 
 struct InitOptions {
-  // "gloo", "mpi", "nccl"; empty picks comm::default_backend().
+  // "cpu", "cuda" or "auto" (see util/device.h): where this rank computes; a CUDA rank takes GPU LOCAL_RANK.
+  std::string device = "cpu";
+  // "gloo", "mpi", "nccl"; empty picks comm::default_backend() for the device.
   std::string backend;
   // "env://", "tcp://HOST:PORT" or "file:///PATH".
   std::string init_method = "env://";
@@ -28,9 +30,12 @@ struct InitOptions {
 
 class ProcessGroup {
  public:
-  ProcessGroup(comm::RankLayout layout, comm::StorePtr store, comm::CommunicatorPtr communicator);
+  ProcessGroup(comm::RankLayout layout, torch::Device device, comm::StorePtr store,
+               comm::CommunicatorPtr communicator);
 
   const comm::RankLayout& layout() const { return layout_; }
+  // The device this rank computes on (InitOptions::device resolved); the current CUDA device when a GPU.
+  const torch::Device& device() const { return device_; }
   comm::Communicator& communicator() const { return *communicator_; }
   const comm::CommunicatorPtr& communicator_ptr() const { return communicator_; }
   // The rendezvous store, for small out-of-band agreements (e.g. a run directory name).
@@ -38,6 +43,7 @@ class ProcessGroup {
 
  private:
   comm::RankLayout layout_;
+  torch::Device device_;
   comm::StorePtr store_;
   comm::CommunicatorPtr communicator_;
 };
@@ -55,7 +61,8 @@ int world_size();
 int local_rank();
 bool is_main_process();
 
-// Sum (or mean, with average) of `value` over all ranks; returns `value` itself in a world of one.
+// Sum (or mean, with average) of `value` over all ranks, on `value`'s own device whatever the backend; returns
+// `value` itself in a world of one.
 torch::Tensor reduce_value(torch::Tensor value, bool average = true);
 void barrier();
 

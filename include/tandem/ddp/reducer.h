@@ -93,7 +93,9 @@ class Reducer {
   // find_unused_parameters), then, with find_unused_parameters, one "used since the last sync" flag per
   // parameter. Riding on the last all-reduce, it tells every rank what the others saw at no extra collective.
   int64_t tail_numel_ = 0;
-  std::vector<float> tail_host_;
+  // Filled on the host, then copied into the bucket. Pinned when the bucket is on a GPU, so that the copy is
+  // queued without blocking (a pageable copy would make the host wait for all of backward's kernels).
+  torch::Tensor tail_host_;
 
   std::mutex mutex_;
   bool require_sync_ = true;        // set by NoSyncGuard

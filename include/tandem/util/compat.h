@@ -80,6 +80,18 @@ inline void queue_end_of_backward_callback(std::function<void()> callback) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
 }
 
+// Releases a c10d group's communicators before the group itself is released. From 2.5 on, c10d's NCCL group
+// warns "destroy_process_group() was not called" unless this happened, and then does the same itself. Abort,
+// not shutdown: shutdown waits for outstanding NCCL work, which never ends when a peer has died, while tandem
+// has waited for all of its own work before it lets a communicator go. 1.13 has neither call nor warning.
+inline void release_communicators(C10dBackend& group) {
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 5)
+  group.abort();
+#else
+  (void)group;
+#endif
+}
+
 // Drops every gradient of `optimizer`'s parameters, as zero_grad() does by default from LibTorch 2.0 on
 // (set_to_none); 1.13's zero_grad() fills them with zeros instead. Dropping lets backward hand each new
 // gradient over rather than add it to zeros, a pass over memory per parameter saved (measured: ResNet-18

@@ -84,12 +84,17 @@ class C10dWork : public Work {
 }  // namespace
 
 C10dCommunicator::C10dCommunicator(std::string backend_name, StorePtr store, int rank, int world_size,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout, torch::Device device)
     : backend_name_(std::move(backend_name)),
       rank_(rank),
       world_size_(world_size),
       timeout_(timeout),
+      device_(device),
       tracker_(std::make_shared<CollectiveTracker>(std::move(store), rank, world_size)) {}
+
+C10dCommunicator::~C10dCommunicator() {
+  if (group_) compat::release_communicators(*group_);
+}
 
 void C10dCommunicator::connect(const std::function<c10::intrusive_ptr<compat::C10dBackend>()>& create,
                                Capabilities capabilities) {
@@ -104,6 +109,11 @@ void C10dCommunicator::connect(const std::function<c10::intrusive_ptr<compat::C1
 WorkPtr C10dCommunicator::issue(const std::string& operation, const torch::Tensor& tensor,
                                 const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                 std::function<void()> on_complete) {
+  if (capabilities_.cuda_tensors_only && tensor.defined() && !tensor.is_cuda()) {
+    throw UnsupportedError(fmt::format("backend {} does not support {} tensors in {}; move them to the GPU "
+                                       "(--device cuda) or use --backend gloo",
+                                       backend_name_, tensor.device().str(), operation));
+  }
   Failure failure{backend_name_, operation, tracker_->begin(), tracker_, timeout_};
   c10::intrusive_ptr<c10d::Work> work;
   try {

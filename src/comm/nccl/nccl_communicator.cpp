@@ -2,28 +2,40 @@
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#include <torch/cuda.h>
 
+#include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
+namespace {
 
-NcclCommunicator::NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout)
-    : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout) {
-  int visible = static_cast<int>(torch::cuda::device_count());
+// Checked before any NCCL call, so that the user reads why instead of NCCL's "duplicate GPU detected".
+torch::Device checked_device(const RankLayout& layout, torch::Device device) {
+  const int visible = visible_gpu_count();
   if (visible == 0) throw InvalidArgument("backend nccl needs a CUDA GPU, and none is visible; use --backend gloo");
   if (layout.local_world_size > visible) {
-    throw InvalidArgument(fmt::format("{} ranks per node but only {} visible GPU(s); start at most {} per node or use "
-                                      "--backend gloo",
+    throw InvalidArgument(fmt::format("backend nccl: {} ranks on this node but only {} visible GPU(s), and NCCL "
+                                      "runs one rank per GPU; start at most {} per node, or use --backend gloo to "
+                                      "share GPUs",
                                       layout.local_world_size, visible, visible));
   }
+  if (!device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(layout.local_rank));
+  return device;
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout,
+                                   torch::Device device)
+    : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout, checked_device(layout, device)) {
+  make_current(this->device());
   connect(
       [&] {
         auto options = c10d::ProcessGroupNCCL::Options::create();
         options->timeout = timeout;
         return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, layout.rank, layout.world_size, options);
       },
-      {/*average=*/true, /*reduce_scatter=*/true});
+      {/*average=*/true, /*reduce_scatter=*/true, /*cuda_tensors_only=*/true});
 }
 
 }  // namespace tandem::comm

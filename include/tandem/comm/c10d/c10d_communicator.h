@@ -10,10 +10,13 @@ namespace tandem::comm {
 
 class C10dCommunicator : public Communicator {
  public:
+  ~C10dCommunicator() override;
+
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string backend_name() const override { return backend_name_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  torch::Device device() const override { return device_; }
 
   WorkPtr all_reduce(torch::Tensor& tensor, ReduceOp op) override;
   WorkPtr broadcast(torch::Tensor& tensor, int root) override;
@@ -26,10 +29,12 @@ class C10dCommunicator : public Communicator {
   struct Capabilities {
     bool average = false;
     bool reduce_scatter = false;
+    // The group takes CUDA tensors only (nccl); a CPU tensor is refused by name before c10d sees it.
+    bool cuda_tensors_only = false;
   };
 
   C10dCommunicator(std::string backend_name, StorePtr store, int rank, int world_size,
-                   std::chrono::milliseconds timeout);
+                   std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
   // Connects the backend; the derived constructor passes a function that creates its c10d group, so that a
   // failure to connect is reported like any collective's.
   void connect(const std::function<c10::intrusive_ptr<compat::C10dBackend>()>& create, Capabilities capabilities);
@@ -44,6 +49,7 @@ class C10dCommunicator : public Communicator {
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  torch::Device device_;
   std::shared_ptr<CollectiveTracker> tracker_;
   c10::intrusive_ptr<compat::C10dBackend> group_;
   Capabilities capabilities_;

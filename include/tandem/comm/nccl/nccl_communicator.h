@@ -1,8 +1,11 @@
 #pragma once
 // The nccl backend: LibTorch's c10d ProcessGroupNCCL, for CUDA tensors, one GPU per rank. Built only against a
-// LibTorch with CUDA (TANDEM_HAVE_NCCL). Collectives run on NCCL's own streams, which c10d orders after the
-// work already queued on the caller's current stream; wait() makes the current stream wait for the result,
-// so the optimizer step that follows sees reduced gradients without a host synchronisation.
+// LibTorch with CUDA (TANDEM_HAVE_NCCL).
+//
+// Streams: c10d runs each collective on an NCCL stream of its own after making that stream wait (through a
+// CUDA event) for the work already queued on the caller's current stream, which is where the tensor was
+// produced. wait() makes the caller's current stream wait for the collective's end event, so the kernels that
+// consume the result (the optimizer step) are ordered after it without a host synchronisation.
 #include "tandem/comm/c10d/c10d_communicator.h"
 #include "tandem/comm/rank_layout.h"
 
@@ -10,7 +13,9 @@ namespace tandem::comm {
 
 class NcclCommunicator : public C10dCommunicator {
  public:
-  NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout);
+  // `device` is this rank's GPU; it becomes the current CUDA device. Throws InvalidArgument when no GPU is
+  // visible or this node starts more ranks than it has GPUs (NCCL cannot put two ranks on one GPU).
+  NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout, torch::Device device);
 };
 
 }  // namespace tandem::comm
