@@ -19,6 +19,7 @@ struct TrainFlags {
   train::TrainOptions options;
   std::string normalize;
   int threads = 0;
+  std::string device = "auto";
   std::string backend;
   double timeout_seconds = 300;
   bool no_shuffle = false;
@@ -40,10 +41,12 @@ int run_train(TrainFlags& flags) {
   if (flags.timeout_seconds <= 0) throw InvalidArgument("--timeout must be positive");
 
   InitOptions init;
+  init.device = flags.device;
   init.backend = flags.backend;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
   ProcessGroup& group = init_process_group(init);
   torch::set_num_threads(flags.threads > 0 ? flags.threads : default_threads(group.layout().local_world_size));
+  options.device = group.device();
   try {
     train::train(options, group.communicator_ptr());
   } catch (...) {
@@ -88,7 +91,8 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>)");
   command.add_flag("--resume", o.resume, "continue from the newest checkpoint in --run-dir (default: the newest run)");
-  command.add_option("--backend", flags->backend, "communication backend (default: gloo on CPU, nccl on GPU)");
+  command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str();
   return [flags] { return run_train(*flags); };
 });

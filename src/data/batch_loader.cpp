@@ -35,6 +35,10 @@ void BatchLoader::stop_worker() {
 
 Batch BatchLoader::load(const IndexBatch& index_batch) const {
   Batch batch = dataset_->get_batch(index_batch.indices);
+  if (options_.device.is_cuda()) {
+    batch.data = batch.data.pin_memory();
+    batch.target = batch.target.pin_memory();
+  }
   const std::vector<int64_t>& requested = index_batch.indices;
   if (batch.indices.size() == requested.size()) {
     batch.padding_count = index_batch.padding_count;
@@ -113,7 +117,7 @@ std::optional<Batch> BatchLoader::next() {
     try {
       Batch batch = load(index_batch);
       record_wait();
-      return batch;
+      return on_device(std::move(batch));
     } catch (...) {
       epoch_done_ = true;
       throw;
@@ -139,7 +143,16 @@ std::optional<Batch> BatchLoader::next() {
     stop_worker();
     return std::nullopt;
   }
-  return std::move(item.batch);
+  return on_device(std::move(*item.batch));
+}
+
+Batch BatchLoader::on_device(Batch batch) const {
+  if (options_.device.is_cpu()) return batch;
+  // The pinned source stays alive until the copy is done: LibTorch's pinned-memory allocator records the copy
+  // on its stream and reuses the block only after it.
+  batch.data = batch.data.to(options_.device, /*non_blocking=*/true);
+  batch.target = batch.target.to(options_.device, /*non_blocking=*/true);
+  return batch;
 }
 
 }  // namespace tandem::data

@@ -17,6 +17,7 @@
 #include <limits>
 #include <sstream>
 
+#include "tandem/comm/value_collectives.h"
 #include "tandem/data/batch_sampler.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/data/image_folder.h"
@@ -97,13 +98,7 @@ std::string newest_run_dir() {
 
 // Rank 0's string, on every rank.
 std::string broadcast_string(const std::string& value, comm::Communicator* communicator) {
-  if (!communicator || communicator->world_size() < 2) return value;
-  torch::Tensor length = torch::tensor({static_cast<int64_t>(value.size())});
-  communicator->broadcast(length, 0)->wait();
-  torch::Tensor bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
-  if (communicator->rank() == 0 && !value.empty()) std::memcpy(bytes.data_ptr(), value.data(), value.size());
-  if (bytes.numel() > 0) communicator->broadcast(bytes, 0)->wait();
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  return communicator ? comm::broadcast_string(*communicator, value) : value;
 }
 
 // Rank 0 may fail alone (an unwritable run dir, a bad checkpoint). Every rank calls this at the same point
@@ -116,7 +111,7 @@ void agree_or_throw(std::exception_ptr local, comm::Communicator* communicator, 
   }
   torch::Tensor failed = torch::zeros({communicator->world_size()}, torch::kFloat64);
   if (local) failed[communicator->rank()] = 1.0;
-  communicator->all_reduce(failed, comm::ReduceOp::Sum)->wait();
+  comm::all_reduce_values(*communicator, failed, comm::ReduceOp::Sum);
   if (local) std::rethrow_exception(local);
   for (int r = 0; r < communicator->world_size(); ++r) {
     if (failed[r].item<double>() > 0) throw Error(detail::concat("rank ", r, " failed ", what, "; stopping"));
@@ -132,6 +127,19 @@ void on_all_ranks(comm::Communicator* communicator, const std::string& what, Fn&
     error = std::current_exception();
   }
   agree_or_throw(error, communicator, what);
+}
+
+// [sum of the finite losses, non-finite flag of rank 0, ..., of rank W-1] over all ranks, on the host: built on
+// the loss's device, so the step costs one all-reduce and one read for both the metric and the NaN check.
+torch::Tensor reduce_step_statistics(const torch::Tensor& loss, int rank, comm::Communicator* communicator) {
+  const int world = communicator ? communicator->world_size() : 1;
+  torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
+  torch::Tensor finite = torch::isfinite(value);
+  torch::Tensor stats = torch::zeros({1 + world}, value.options());
+  stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
+  stats.narrow(0, 1 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
+  if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
+  return stats.cpu();
 }
 
 std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
@@ -222,18 +230,21 @@ double default_val_resize_ratio(int64_t image_size) {
 EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& forward, data::BatchLoader& loader,
                     int64_t epoch, comm::Communicator* communicator) {
   torch::NoGradGuard no_grad;
-  int64_t correct = 0, total = 0;
+  torch::Tensor correct;  // on the model's device, read once at the end rather than once per batch
+  int64_t total = 0;
   loader.start_epoch(epoch);
   while (std::optional<data::Batch> batch = loader.next()) {
     const int64_t real = batch->real_count();
     if (real == 0) continue;
     torch::Tensor predicted = forward(batch->data).argmax(1).slice(0, 0, real);
-    correct += predicted.eq(batch->target.slice(0, 0, real)).sum().item<int64_t>();
+    torch::Tensor hits = predicted.eq(batch->target.slice(0, 0, real)).sum();
+    correct = correct.defined() ? correct + hits : hits;
     total += real;
   }
   // float64 holds counts exactly up to 2^53; every backend reduces it.
-  torch::Tensor counts = torch::tensor({static_cast<double>(correct), static_cast<double>(total)}, torch::kFloat64);
-  if (communicator && communicator->world_size() > 1) communicator->all_reduce(counts, comm::ReduceOp::Sum)->wait();
+  torch::Tensor counts = torch::tensor({correct.defined() ? correct.item<double>() : 0.0, static_cast<double>(total)},
+                                       torch::kFloat64);
+  if (communicator && communicator->world_size() > 1) comm::all_reduce_values(*communicator, counts, comm::ReduceOp::Sum);
   return {static_cast<int64_t>(counts[0].item<double>()), static_cast<int64_t>(counts[1].item<double>())};
 }
 
@@ -244,6 +255,7 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("data", o.data_dir + (mnist ? " (MNIST files)" : " (image folder)"));
   line("model", fmt::format("{}, {} classes{}", o.model, o.num_classes, o.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
+  line("device", o.device.str());
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
   line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", o.lr, world_size, o.lr * world_size, o.lrf));
@@ -334,6 +346,8 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     auto trainable = nn::freeze_all_but_head(model);
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
   }
+  // Onto the rank's device after every swap and freeze, before DDP forms its buckets on the gradients' device.
+  module.to(options.device);
   ddp::DistributedDataParallel<nn::ModelHolder> ddp_model(nn::ModelHolder(model.module), communicator_ptr);
 
   std::vector<torch::Tensor> trainable;
@@ -368,12 +382,12 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   data::BatchLoader train_loader(train_set,
                                  data::BatchSampler(data::DistributedSampler(train_set->size(), train_sampling),
                                                     options.batch_size, /*drop_last=*/true),
-                                 data::BatchLoaderOptions{options.prefetch_batches});
+                                 data::BatchLoaderOptions{options.prefetch_batches, options.device});
   data::DistributedSamplerOptions test_sampling{world, rank, false, options.seed, false};
   data::BatchLoader test_loader(test_set,
                                 data::BatchSampler(data::DistributedSampler(test_set->size(), test_sampling),
                                                    options.batch_size, /*drop_last=*/false),
-                                data::BatchLoaderOptions{options.prefetch_batches});
+                                data::BatchLoaderOptions{options.prefetch_batches, options.device});
   const int64_t batches_per_epoch = train_loader.num_batches();
   if (batches_per_epoch == 0) {
     throw InvalidArgument(fmt::format("{} has {} training samples: fewer than one batch of {} per rank over {} ranks",
@@ -402,8 +416,6 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     }
     skip_batches = 0;
     progress.start_epoch(epoch, batch_index);
-    // [loss sum, non-finite flag of rank 0, ..., of rank W-1]: one all-reduce per step for both.
-    torch::Tensor step_stats = torch::zeros({1 + world}, torch::kFloat64);
     double loss_sum = 0;
     int64_t loss_count = 0, epoch_steps = 0;
     const auto start = std::chrono::steady_clock::now();
@@ -416,17 +428,11 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
                                              : logits.sum() * 0.0;
       if (rank == injection.rank && step == injection.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
       loss.backward();
-      const double local_loss = loss.item<double>();
-      step_stats.zero_();
-      if (std::isfinite(local_loss)) {
-        step_stats[0] = local_loss;
-      } else {
-        step_stats[1 + rank] = 1.0;
-      }
-      if (world > 1) communicator->all_reduce(step_stats, comm::ReduceOp::Sum)->wait();
+      const torch::Tensor step_stats = reduce_step_statistics(loss, rank, communicator);
+      const double* stats = step_stats.data_ptr<double>();
       std::vector<int> bad_ranks;
       for (int r = 0; r < world; ++r) {
-        if (step_stats[1 + r].item<double>() > 0) bad_ranks.push_back(r);
+        if (stats[1 + r] > 0) bad_ranks.push_back(r);
       }
       if (!bad_ranks.empty()) {
         progress.end_epoch();
@@ -437,7 +443,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
       optimizer.step();
       ++step;
       ++epoch_steps;
-      loss_sum += step_stats[0].item<double>() / world;
+      loss_sum += stats[0] / world;
       ++loss_count;
       progress.update(batch_index, loss_sum / loss_count);
       ++batch_index;

@@ -32,6 +32,10 @@ namespace tandem::data {
 struct BatchLoaderOptions {
   // Batches loaded ahead on the background thread. 0 loads each batch inside next() on the caller's thread.
   int64_t prefetch_batches = 2;
+  // Where next() hands batches over. For a GPU, the prefetch thread copies each batch into pinned (page-locked)
+  // host memory and next() starts its copy to the GPU with non_blocking on the caller's current stream, so the
+  // copy overlaps the host's work and the kernels queued on that stream wait for it, not the host.
+  torch::Device device = torch::kCPU;
 };
 
 class BatchLoader {
@@ -66,6 +70,7 @@ class BatchLoader {
   };
 
   Batch load(const IndexBatch& index_batch) const;
+  Batch on_device(Batch batch) const;
   void produce(std::vector<IndexBatch> batches);
   void stop_worker();
 

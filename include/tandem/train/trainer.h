@@ -56,6 +56,9 @@ struct TrainOptions {
   bool resume = false;                     // continue from the newest checkpoint in run_dir (or the newest run)
   bool checkpoint = true;                  // rank 0 writes a checkpoint at each epoch end (and at --steps)
   int64_t prefetch_batches = 2;
+  // Where the model, the batches and the metrics live (apps/train.cpp resolves --device; see util/device.h).
+  // On a GPU, batches are prefetched into pinned memory and copied without blocking the host.
+  torch::Device device = torch::kCPU;
   bool progress = true;                    // rank 0's progress bar / periodic lines
 };
 
