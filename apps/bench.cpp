@@ -20,13 +20,15 @@
 #include "tandem/bench/train_bench.h"
 #include "tandem/comm/backend.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
 namespace tandem::app {
 namespace {
 
 struct AllreduceFlags {
-  std::string backend = "gloo";
+  std::string device = "auto";
+  std::string backend;  // empty: nccl on a GPU, gloo on the CPU
   std::string sizes = "4K..64M";
   int iters = 0;
   int warmup = 2;
@@ -61,9 +63,11 @@ int run_allreduce(const AllreduceFlags& flags) {
   const int64_t memcpy_bytes = bench::parse_size(flags.memcpy_size);
 
   InitOptions init;
+  init.device = flags.device;
   init.backend = flags.backend;
   init.timeout = std::chrono::seconds(flags.timeout_s);
   ProcessGroup& group = init_process_group(init);
+  options.device = group.device();
   comm::Communicator& comm = group.communicator();
   const bool main = is_main_process();
   const unsigned cores = std::thread::hardware_concurrency();
@@ -71,15 +75,16 @@ int run_allreduce(const AllreduceFlags& flags) {
   // The ceiling on one host: one thread copying memory, measured by rank 0 while the others wait, so the
   // figure is the same whatever the world size.
   bench::MemcpyResult copy;
-  if (main) copy = bench::measure_memcpy(memcpy_bytes, 10);
+  if (main) copy = bench::measure_memcpy(memcpy_bytes, 10, options.device);
   barrier();
 
   if (main) {
-    fmt::print("# tandem bench allreduce: backend {}, {} ranks, float32 sum in place, host {} ({} cores, {})\n",
-               comm.backend_name(), comm.world_size(), host_name(), cores, cpu_model());
+    fmt::print("# tandem bench allreduce: backend {}, {} ranks, float32 sum in place on {}, host {} ({} cores, {})\n",
+               comm.backend_name(), comm.world_size(), options.device.str(), host_name(), cores, cpu_model());
     fmt::print("# sizes {}, iters {}, warmup {}; busbw = algbw * 2(n-1)/n (nccl-tests)\n", flags.sizes,
                flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup);
-    fmt::print("# memcpy bandwidth (1 thread, {}): {:.2f} GB/s\n", bench::format_size(copy.bytes), copy.gbps);
+    fmt::print("# {} bandwidth ({}{}): {:.2f} GB/s\n", options.device.is_cuda() ? "device-to-device copy" : "memcpy",
+               options.device.is_cuda() ? "" : "1 thread, ", bench::format_size(copy.bytes), copy.gbps);
     fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",
                "busbw(GB/s)", "busbw/memcpy", "check");
     std::fflush(stdout);
@@ -132,7 +137,8 @@ int run_allreduce(const AllreduceFlags& flags) {
 
 
 struct TrainFlags {
-  std::string backend = "gloo";
+  std::string device = "auto";
+  std::string backend;  // empty: nccl on a GPU, gloo on the CPU
   std::string world_sizes = "1,2";
   bench::TrainBenchOptions options;
   int threads = 1;
@@ -159,14 +165,22 @@ nlohmann::json to_json(const bench::TrainBenchResult& result) {
           {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters}};
 }
 
-int run_train_worker(const TrainFlags& flags) {
+int run_train_worker(TrainFlags flags) {
   torch::set_num_threads(flags.threads);
   comm::CommunicatorPtr communicator;
   if (flags.worker_mode == "ddp") {
     InitOptions init;
+    init.device = flags.device;
     init.backend = flags.backend;
-    communicator = init_process_group(init).communicator_ptr();
+    ProcessGroup& group = init_process_group(init);
+    flags.options.device = group.device();
+    communicator = group.communicator_ptr();
     if (communicator->world_size() < 2) communicator = nullptr;
+  } else {
+    // Independent workers are started with LOCAL_RANK set, so that each takes the GPU a rank would.
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    flags.options.device = select_device(flags.device, local_rank ? std::atoi(local_rank) : 0);
+    make_current(flags.options.device);
   }
   bench::TrainBenchResult result = bench::run_train_bench(flags.options, communicator);
   if (is_main_process()) std::ofstream(flags.result_path) << to_json(result).dump() << "\n";
@@ -194,9 +208,9 @@ std::string shared_ddp_args(const ddp::DdpOptions& options) {
 // Common flags for a worker of this program.
 std::string worker_args(const TrainFlags& flags) {
   const auto& o = flags.options;
-  return fmt::format("bench train --model {} --image-size {} --backend {} --batch-size {} --steps {} --repeats {} "
-                     "--warmup {} --threads {} --first-bucket-cap-mb {} {}",
-                     o.model, o.image_size, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads,
+  return fmt::format("bench train --model {} --image-size {} --device {} --backend {} --batch-size {} --steps {} "
+                     "--repeats {} --warmup {} --threads {} --first-bucket-cap-mb {} {}",
+                     o.model, o.image_size, flags.device, flags.backend, o.batch_size, o.steps, o.repeats, o.warmup, flags.threads,
                      o.ddp.first_bucket_cap_mb, shared_ddp_args(o.ddp));
 }
 
@@ -227,30 +241,44 @@ double paired_ratio(const std::vector<nlohmann::json>& numerator, const std::vec
 }
 
 std::string find_python() {
-  // Debian's python3-torch installs into the system interpreter, which a pyenv or venv python3 may shadow.
-  for (const char* candidate : {"/usr/bin/python3", "python3"}) {
-    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", candidate).c_str()) == 0) return candidate;
+  // PYTHON first (scripts/gpu-check sets it); then Debian's python3-torch, which installs into the system
+  // interpreter that a pyenv or venv python3 may shadow.
+  std::vector<std::string> candidates{"/usr/bin/python3", "python3"};
+  if (const char* chosen = std::getenv("PYTHON")) candidates.insert(candidates.begin(), chosen);
+  for (const std::string& candidate : candidates) {
+    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", shell_quoted(candidate)).c_str()) == 0) {
+      return shell_quoted(candidate);
+    }
   }
   throw UnsupportedError(
       "--compare pytorch needs PyTorch for Python, which is not installed; on Debian: apt-get install -y "
       "python3-torch (the bench installs nothing itself)");
 }
 
-int run_train_driver(const TrainFlags& flags) {
+// The models bench/pytorch_ddp_bench.py defines as well.
+bool pytorch_has_model(const std::string& model) { return model == "cnn" || model == "resnet18"; }
+
+int run_train_driver(TrainFlags flags) {
+  // Resolved here once, so that every worker and the PyTorch side run on the same kind of device and backend.
+  const torch::Device device = select_device(flags.device, 0);
+  flags.device = device.is_cuda() ? "cuda" : "cpu";
+  if (flags.backend.empty()) flags.backend = comm::default_backend(device);
   std::vector<int> world_sizes;
   for (int64_t n : bench::parse_sizes(flags.world_sizes)) world_sizes.push_back(static_cast<int>(n));
   const bool compare = flags.compare == "pytorch";
   if (!flags.compare.empty() && !compare) {
     throw InvalidArgument(fmt::format("--compare '{}' is unknown; the only comparison is 'pytorch'", flags.compare));
   }
-  if (compare && flags.options.model != "cnn") {
-    throw InvalidArgument(fmt::format("--compare pytorch has only the seeds' CNN on the PyTorch side; drop --compare "
+  if (compare && !pytorch_has_model(flags.options.model)) {
+    throw InvalidArgument(fmt::format("--compare pytorch has only cnn and resnet18 on the PyTorch side; drop --compare "
                                       "to time --model {}", flags.options.model));
   }
   if (compare && flags.options.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
     throw InvalidArgument("--first-bucket-cap-mb has no counterpart in PyTorch's DDP; drop it with --compare pytorch");
   }
   std::string python = compare ? find_python() : "";
+  // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
+  const std::string pytorch_backend = flags.backend == "nccl" ? "nccl" : "gloo";
   if (compare && !std::filesystem::exists(flags.pytorch_script)) {
     throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
                                       "--pytorch-script", flags.pytorch_script));
@@ -261,9 +289,10 @@ int run_train_driver(const TrainFlags& flags) {
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", flags.threads);
   const auto& ddp_options = flags.options.ddp;
   fmt::print(stderr,
-             "# tandem bench train: {} at {}x{}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
+             "# tandem bench train: {} at {}x{} on {}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
              "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB){}{}\n",
-             flags.options.model, flags.options.image_size, flags.options.image_size, flags.options.batch_size,
+             flags.options.model, flags.options.image_size, flags.options.image_size, flags.device,
+             flags.options.batch_size,
              flags.threads, flags.rounds, flags.options.repeats, flags.options.steps, flags.options.warmup, flags.backend,
              ddp_options.bucket_cap_mb, ddp_options.first_bucket_cap_mb,
              ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
@@ -274,7 +303,7 @@ int run_train_driver(const TrainFlags& flags) {
     // N processes with no communication, started together so they share the cores as the job does.
     std::string together;
     for (int i = 0; i < n; ++i) {
-      together += fmt::format("{}{} {} --worker independent --result {} & ", env, self, worker_args(flags),
+      together += fmt::format("LOCAL_RANK={} {}{} {} --worker independent --result {} & ", i, env, self, worker_args(flags),
                               shell_quoted((dir / fmt::format("ind_{}_{}.json", n, i)).string()));
     }
     run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
@@ -302,10 +331,11 @@ int run_train_driver(const TrainFlags& flags) {
     const auto& o = flags.options;
     for (const char* mode : {"independent", "ddp"}) {
       std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
-      run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --data random --batch-size {} --threads {} --steps {} "
-                               "--repeats {} --warmup {} {} > {}",
-                               env, python, shell_quoted(flags.pytorch_script), n, mode, o.batch_size, flags.threads,
-                               o.steps, o.repeats, o.warmup, shared_ddp_args(o.ddp), shell_quoted(out)),
+      run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --model {} --image-size {} --device {} --backend {} "
+                               "--data random --batch-size {} --threads {} --steps {} --repeats {} --warmup {} {} > {}",
+                               env, python, shell_quoted(flags.pytorch_script), n, mode, o.model, o.image_size,
+                               flags.device, pytorch_backend, o.batch_size, flags.threads, o.steps, o.repeats,
+                               o.warmup, shared_ddp_args(o.ddp), shell_quoted(out)),
                    "the PyTorch DDP script");
       (std::string(mode) == "ddp" ? row.ddp : row.independent).push_back(read_json(out));
     }
@@ -341,7 +371,7 @@ int run_train_driver(const TrainFlags& flags) {
     if (row.world_size > 1 && allreduce_ms > 0) {
       hidden = fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
     }
-    std::string backend = row.framework == "pytorch" ? "gloo" : flags.backend;
+    std::string backend = row.framework == "pytorch" ? pytorch_backend : flags.backend;
     fmt::print("{:>9} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework, backend,
                row.world_size, samples, ms, fmt::format("{:.2f}..{:.2f}", fastest, slowest), independent_ms,
                efficiency, hidden);
@@ -374,8 +404,10 @@ const CommandRegistration kBench{
       auto flags = std::make_shared<AllreduceFlags>();
       CLI::App* allreduce = command.add_subcommand(
           "allreduce", "All-reduce algorithm and bus bandwidth per size, beside the host's memcpy bandwidth");
-      allreduce->add_option("--backend", flags->backend, "Communication backend")
+      allreduce->add_option("--device", flags->device, "Where the buffer lives: cpu, cuda (GPU LOCAL_RANK) or auto")
           ->capture_default_str()
+          ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      allreduce->add_option("--backend", flags->backend, "Communication backend (default: nccl on a GPU, gloo on the CPU)")
           ->check(CLI::IsMember(comm::available_backends()));
       allreduce->add_option("--sizes", flags->sizes, "Sizes in bytes: FIRST..LAST (doubling) or a list A,B,C")
           ->capture_default_str();
@@ -391,8 +423,10 @@ const CommandRegistration kBench{
       auto train_flags = std::make_shared<TrainFlags>();
       CLI::App* train = command.add_subcommand(
           "train", "Training steps per second for world sizes 1 and 2, scaling efficiency, overlap; vs PyTorch DDP");
-      train->add_option("--backend", train_flags->backend, "Communication backend")
+      train->add_option("--device", train_flags->device, "cpu, cuda or auto (cuda where a GPU is visible)")
           ->capture_default_str()
+          ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      train->add_option("--backend", train_flags->backend, "Communication backend (default: nccl on a GPU, gloo on the CPU)")
           ->check(CLI::IsMember(comm::available_backends()));
       train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, e.g. 1,2")
           ->capture_default_str();

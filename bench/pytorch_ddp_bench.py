@@ -1,15 +1,18 @@
 #!/usr/bin/python3
 """PyTorch's own DDP on the configuration `tandem bench train --compare pytorch` times, for a side-by-side figure.
 
-The seeds' CNN (logits, no softmax) on Fashion-MNIST, Gloo on 127.0.0.1, one intra-op thread per process,
-batch 64 per process, SGD with momentum 0.9 and weight decay 0.005. The batches are taken from a tensor loaded
-before timing, so that the figure measures training steps, not the data loader.
+The seeds' CNN (logits, no softmax) on Fashion-MNIST, or ResNet-18 (torchvision's layout) on random RGB images,
+on the CPU or a GPU, Gloo (or NCCL) on 127.0.0.1, one intra-op thread per process, batch 64 per process, SGD
+with momentum 0.9 and weight decay 0.005. The batches are taken from a tensor loaded onto the device before
+timing, so that the figure measures training steps, not the data loader; a GPU is synchronised before each
+clock reading.
 
 Prints one JSON object on stdout (rank 0):
   {"framework": "pytorch", "world_size": 2, "samples_per_s": ..., "ms_per_step_median": ...,
    "ms_per_step_min": ..., "ms_per_step_max": ..., "repeats": [...], ...}
 
-Needs Debian's python3-torch (`apt-get install -y python3-torch`); installs nothing itself.
+Needs a Python with torch: Debian's python3-torch (`apt-get install -y python3-torch`), or the virtual
+environment that `scripts/build --libtorch pypi` makes (.venv/bin/python); installs nothing itself.
 
   /usr/bin/python3 bench/pytorch_ddp_bench.py --nproc 2 --steps 20 --repeats 5
   /usr/bin/python3 bench/pytorch_ddp_bench.py --nproc 2 --mode independent   # no communication: the scaling baseline
@@ -61,6 +64,52 @@ class CNNNet(torch.nn.Module):
         return self.output(x)
 
 
+class BasicBlock(torch.nn.Module):
+    def __init__(self, in_channels, out_channels, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(out_channels)
+        self.conv2 = torch.nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(out_channels)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(out_channels))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet18(torch.nn.Module):
+    """torchvision's resnet18 layout (the same as tandem's --model resnet18), written here so that the bench
+    needs torch alone."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(64)
+        self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+        stages, in_channels = [], 64
+        for stage in range(4):
+            out_channels = 64 << stage
+            stride = 1 if stage == 0 else 2
+            stages.append(torch.nn.Sequential(BasicBlock(in_channels, out_channels, stride),
+                                              BasicBlock(out_channels, out_channels, 1)))
+            in_channels = out_channels
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = torch.nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+MODELS = {"cnn": CNNNet, "resnet18": ResNet18}
+
+
 def read_idx(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
@@ -70,38 +119,51 @@ def read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
 
 
-def load_data(data_dir, limit):
-    """The first `limit` training images, normalised; random images of the same shape if the set is absent."""
+def load_data(data_dir, limit, channels, size):
+    """The first `limit` training images, normalised; random images of the model's shape if the set is absent or
+    the model takes RGB."""
     images = os.path.join(data_dir, "train-images-idx3-ubyte.gz")
     labels = os.path.join(data_dir, "train-labels-idx1-ubyte.gz")
-    if data_dir != "random" and os.path.exists(images) and os.path.exists(labels):
+    if data_dir != "random" and channels == 1 and os.path.exists(images) and os.path.exists(labels):
         x = read_idx(images)[:limit].float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
         y = read_idx(labels)[:limit].long()
         return x, y, "fashion-mnist"
     generator = torch.Generator().manual_seed(0)
-    return torch.randn(limit, 1, 28, 28, generator=generator), torch.randint(0, 10, (limit,), generator=generator), "random"
+    return (torch.randn(limit, channels, size, size, generator=generator),
+            torch.randint(0, 10, (limit,), generator=generator), "random")
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def worker(rank, args, port, results):
     torch.set_num_threads(args.threads)
     world = args.nproc
     distributed = args.mode == "ddp" and world > 1
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
-    model = CNNNet()
+    model = MODELS[args.model]().to(device)
     if distributed:
         model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
                                         gradient_as_bucket_view=args.gradient_as_bucket_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
     loss_function = torch.nn.CrossEntropyLoss()
-    x, y, source = load_data(args.data, args.batch_size * world * 16)
+    channels = 1 if args.model == "cnn" else 3
+    x, y, source = load_data(args.data, args.batch_size * world * 16, channels, args.image_size)
+    x, y = x.to(device), y.to(device)
     batches = x.shape[0] // (args.batch_size * world)
 
     def step(i):
         # Rank r takes every world-th sample, as DistributedSampler without shuffling does.
         start = (i % batches) * args.batch_size * world
-        index = torch.arange(start + rank, start + args.batch_size * world, world)
+        index = torch.arange(start + rank, start + args.batch_size * world, world, device=device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_function(model(x[index]), y[index])
         loss.backward()
@@ -111,12 +173,14 @@ def worker(rank, args, port, results):
         step(i)
     repeats = []
     for r in range(args.repeats):
+        synchronize(device)
         if distributed:
             dist.barrier()
         begin = time.perf_counter()
         for i in range(args.steps):
             step(args.warmup + r * args.steps + i)
-        elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+        synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=device)
         if distributed:
             # The slowest rank sets the pace of a synchronous job.
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
@@ -132,6 +196,10 @@ def main():
     parser.add_argument("--nproc", type=int, default=2, help="processes (world size)")
     parser.add_argument("--mode", choices=["ddp", "independent"], default="ddp",
                         help="ddp: PyTorch DDP over Gloo; independent: the same steps with no communication")
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn", help="the seeds' CNN or ResNet-18")
+    parser.add_argument("--image-size", type=int, default=28, help="square input size (the CNN takes 28)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r on GPU r (modulo the GPUs)")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="DDP's process group backend")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per process per step")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
@@ -174,6 +242,9 @@ def main():
         "framework": "pytorch",
         "torch_version": torch.__version__,
         "mode": args.mode,
+        "model": args.model,
+        "device": args.device,
+        "backend": args.backend,
         "world_size": args.nproc,
         "batch_size": args.batch_size,
         "threads": args.threads,

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 
+#include "tandem/comm/value_collectives.h"
+#include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench {
@@ -18,6 +20,22 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+MemcpyResult measure_device_copy(int64_t bytes, int iters, const torch::Device& device) {
+  torch::Tensor source = torch::ones({bytes}, torch::TensorOptions(torch::kUInt8).device(device));
+  torch::Tensor target = torch::empty_like(source);
+  target.copy_(source);
+  synchronize(device);
+  auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) (i % 2 == 0 ? target : source).copy_(i % 2 == 0 ? source : target);
+  synchronize(device);
+  MemcpyResult result;
+  result.bytes = bytes;
+  result.iters = iters;
+  result.seconds_per_copy = seconds_since(start) / iters;
+  result.gbps = static_cast<double>(bytes) / result.seconds_per_copy / 1e9;
+  return result;
 }
 
 }  // namespace
@@ -83,8 +101,9 @@ double allreduce_bus_bandwidth(double algbw, int world_size) {
   return world_size > 1 ? algbw * 2.0 * (world_size - 1) / world_size : algbw;
 }
 
-MemcpyResult measure_memcpy(int64_t bytes, int iters) {
+MemcpyResult measure_memcpy(int64_t bytes, int iters, const torch::Device& device) {
   TANDEM_CHECK(bytes > 0 && iters > 0, "bytes ", bytes, " iters ", iters);
+  if (device.is_cuda()) return measure_device_copy(bytes, iters, device);
   auto source = std::make_unique<char[]>(static_cast<size_t>(bytes));
   auto target = std::make_unique<char[]>(static_cast<size_t>(bytes));
   std::memset(source.get(), 1, static_cast<size_t>(bytes));
@@ -122,21 +141,23 @@ std::vector<AllreduceRow> run_allreduce_bench(comm::Communicator& comm, const Al
     row.bytes = numel * static_cast<int64_t>(sizeof(float));
     row.iters = iterations_for(row.bytes, options.iters);
 
-    torch::Tensor buffer = torch::ones({numel}, torch::kFloat32);
+    torch::Tensor buffer = torch::ones({numel}, torch::TensorOptions(torch::kFloat32).device(options.device));
     comm.all_reduce(buffer, comm::ReduceOp::Sum)->wait();
     torch::Tensor correct = torch::tensor({torch::all(buffer == static_cast<float>(world)).item<bool>() ? 1.0 : 0.0},
                                           torch::kFloat64);
-    comm.all_reduce(correct, comm::ReduceOp::Min)->wait();
+    comm::all_reduce_values(comm, correct, comm::ReduceOp::Min);
     row.correct = correct.item<double>() == 1.0;
 
     // Zeros stay zeros under repeated sums, so the timed loop never meets overflow or denormals.
     buffer.zero_();
     for (int i = 0; i < options.warmup; ++i) comm.all_reduce(buffer, comm::ReduceOp::Sum)->wait();
+    synchronize(options.device);
     comm.barrier()->wait();
     auto start = Clock::now();
     for (int i = 0; i < row.iters; ++i) comm.all_reduce(buffer, comm::ReduceOp::Sum)->wait();
+    synchronize(options.device);
     torch::Tensor elapsed = torch::tensor({seconds_since(start)}, torch::kFloat64);
-    comm.all_reduce(elapsed, comm::ReduceOp::Max)->wait();
+    comm::all_reduce_values(comm, elapsed, comm::ReduceOp::Max);
 
     row.seconds_per_op = elapsed.item<double>() / row.iters;
     row.algbw_gbps = static_cast<double>(row.bytes) / row.seconds_per_op / 1e9;

@@ -6,10 +6,12 @@
 #include <chrono>
 #include <optional>
 
+#include "tandem/comm/value_collectives.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/util/compat.h"
+#include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench {
@@ -20,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
   if (!communicator) return local_ms;
   torch::Tensor value = torch::tensor({local_ms}, torch::kFloat64);
-  communicator->all_reduce(value, comm::ReduceOp::Max)->wait();
+  comm::all_reduce_values(*communicator, value, comm::ReduceOp::Max);
   return value.item<double>();
 }
 
@@ -42,6 +44,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   shape.in_channels = options.model == "cnn" ? 1 : 3;
   shape.image_size = options.image_size;
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
+  (*model).to(options.device);
   std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> wrapped;
   if (communicator) wrapped.emplace(model, communicator, options.ddp);
   torch::optim::SGD optimizer((*model).parameters(),
@@ -51,8 +54,9 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   torch::manual_seed(static_cast<uint64_t>(options.seed) + 1 + static_cast<uint64_t>(rank));
   const int64_t batches = 16;
   torch::Tensor images =
-      torch::randn({batches * options.batch_size, shape.in_channels, options.image_size, options.image_size});
-  torch::Tensor labels = torch::randint(0, 10, {batches * options.batch_size}, torch::kLong);
+      torch::randn({batches * options.batch_size, shape.in_channels, options.image_size, options.image_size})
+          .to(options.device);
+  torch::Tensor labels = torch::randint(0, 10, {batches * options.batch_size}, torch::kLong).to(options.device);
 
   auto step = [&](int i) {
     int64_t start = (i % batches) * options.batch_size;
@@ -67,9 +71,11 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   for (int i = 0; i < options.warmup; ++i) step(i);
   TrainBenchResult result;
   for (int r = 0; r < options.repeats; ++r) {
+    synchronize(options.device);
     if (communicator) communicator->barrier()->wait();
     auto start = Clock::now();
     for (int i = 0; i < options.steps; ++i) step(options.warmup + r * options.steps + i);
+    synchronize(options.device);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / options.steps;
     result.ms_per_step.push_back(slowest_ms(ms, communicator));
   }
@@ -79,12 +85,14 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   for (const auto& p : (*model).parameters()) result.parameters += p.numel();
 
   if (communicator) {
-    torch::Tensor flat = torch::zeros({result.parameters}, torch::kFloat32);
+    torch::Tensor flat = torch::zeros({result.parameters}, torch::TensorOptions(torch::kFloat32).device(options.device));
     for (int i = 0; i < 3; ++i) communicator->all_reduce(flat, comm::ReduceOp::Avg)->wait();
     std::vector<double> times;
     for (int i = 0; i < 20; ++i) {
+      synchronize(options.device);
       auto start = Clock::now();
       communicator->all_reduce(flat, comm::ReduceOp::Avg)->wait();
+      synchronize(options.device);
       times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     }
     result.allreduce_ms = slowest_ms(median_of(times), communicator);

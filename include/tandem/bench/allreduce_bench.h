@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/types.h>
+
 #include "tandem/comm/communicator.h"
 
 namespace tandem::bench {
@@ -28,13 +30,15 @@ struct MemcpyResult {
   double gbps = 0;  // bytes copied per second / 1e9 (each byte counted once, as busbw counts it)
 };
 // One thread memcpy of `bytes` between two buffers larger than the caches, averaged over `iters` copies after
-// one untimed copy that faults the pages in.
-MemcpyResult measure_memcpy(int64_t bytes, int iters);
+// one untimed copy that faults the pages in. On a GPU: a device-to-device copy, the ceiling for a collective
+// whose ranks share that GPU's memory.
+MemcpyResult measure_memcpy(int64_t bytes, int iters, const torch::Device& device = torch::kCPU);
 
 struct AllreduceBenchOptions {
   std::vector<int64_t> sizes = parse_sizes("4K..64M");
   int iters = 0;  // timed ops per size; 0 picks iterations_for(size)
   int warmup = 2;
+  torch::Device device = torch::kCPU;  // where the buffer lives; a GPU is synchronised before each clock reading
 };
 
 struct AllreduceRow {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/types.h>
+
 #include "tandem/comm/communicator.h"
 #include "tandem/ddp/ddp_options.h"
 
@@ -20,6 +22,7 @@ struct TrainBenchOptions {
   int warmup = 10;      // untimed steps first
   double lr = 0.01;     // times the world size, as the seeds do
   uint64_t seed = 0;
+  torch::Device device = torch::kCPU;  // model and data live here; a GPU is synchronised before each reading
   ddp::DdpOptions ddp;  // bucket sizes and gradient_as_bucket_view, as the command line sets them
 };
 
