@@ -73,8 +73,8 @@ TEST(BenchProgram, PrintsTableAndJsonAtWorldSizeOne) {
   std::string json_path = ::testing::TempDir() + "tandem_bench_allreduce.json";
   std::filesystem::remove(json_path);
   testing::ProcessResult result =
-      testing::run_process({testing::tandem_cli(), "bench", "allreduce", "--sizes", "4K..16K", "--iters", "2",
-                            "--memcpy-size", "1M", "--json", json_path});
+      testing::run_process({testing::tandem_cli(), "bench", "allreduce", "--device", "cpu", "--sizes", "4K..16K",
+                            "--iters", "2", "--memcpy-size", "1M", "--json", json_path});
   ASSERT_FALSE(result.timed_out) << result.output;
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("busbw(GB/s)"), std::string::npos) << result.output;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/collective_checks.h"
+#include "support/gpu.h"
 #include "support/processes.h"
 #include "support/thread_ranks.h"
 #include "tandem/comm/process_group.h"
@@ -26,6 +27,17 @@ TEST_P(ThreadCollectives, MatchHandComputedValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ThreadCollectives, ::testing::Values(2, 4));
+
+// Two ranks with CUDA tensors: one GPU each over nccl where there are two, else both on one GPU over gloo,
+// which stages CUDA tensors through the host (the only way two ranks can share a GPU).
+TEST(ThreadCollectivesOnGpu, TwoRanksMatchHandComputedValues) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  testing::run_gpu_thread_ranks(2, [](int rank, Communicator& comm, torch::Device device) {
+    for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{1} << 20}) {
+      check_all_collectives(rank, comm, numel, torch::kFloat32, device);
+    }
+  });
+}
 
 TEST(ProcessCollectivesWorker, Run) {
   if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of ProcessCollectives";

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "support/gpu.h"
 #include "tandem/data/batch_loader.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/data/tensor_dataset.h"
@@ -195,6 +196,29 @@ TEST(BatchLoader, FashionMnistEpochThroughput) {
   EXPECT_EQ(samples, 30000);
   std::cout << "Fashion-MNIST: load train split " << load_s << " s; one rank-of-2 epoch (batch 64, "
             << loader.num_batches() << " batches) " << epoch_s << " s = " << samples / epoch_s << " samples/s\n";
+}
+
+// With a GPU as the device, every batch arrives on it (through pinned memory) holding the same samples in the
+// same order as on the CPU, with and without the prefetch thread.
+TEST(BatchLoaderOnGpu, BatchesArriveOnTheGpuWithTheCpuContent) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  auto dataset = numbered_dataset(50);
+  const torch::Device gpu(torch::kCUDA, 0);
+  for (int64_t prefetch : {int64_t{0}, int64_t{2}}) {
+    BatchLoader on_cpu(dataset, make_batches(50, 2, 1, 8), BatchLoaderOptions{prefetch});
+    BatchLoader on_gpu(dataset, make_batches(50, 2, 1, 8), BatchLoaderOptions{prefetch, gpu});
+    on_cpu.start_epoch(3);
+    on_gpu.start_epoch(3);
+    std::vector<Batch> expected = drain(on_cpu), got = drain(on_gpu);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].data.device(), gpu);
+      EXPECT_EQ(got[i].target.device(), gpu);
+      EXPECT_TRUE(torch::equal(got[i].data.cpu(), expected[i].data)) << "batch " << i;
+      EXPECT_EQ(to_vector(got[i].target.cpu()), to_vector(expected[i].target)) << "batch " << i;
+      EXPECT_EQ(got[i].padding_count, expected[i].padding_count);
+    }
+  }
 }
 
 }  // namespace

@@ -8,7 +8,10 @@
 #include <mutex>
 #include <numeric>
 
+#include "support/gpu.h"
+#include "support/processes.h"
 #include "support/thread_ranks.h"
+#include "tandem/comm/process_group.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/util/error.h"
 
@@ -147,6 +150,51 @@ TEST_P(SyncBatchNormParity, EqualsBatchNormOnConcatenatedBatch) {
 INSTANTIATE_TEST_SUITE_P(UnequalBatches, SyncBatchNormParity,
                          ::testing::Values(ParityCase{{3, 5}, {3, 2}}, ParityCase{{4, 1, 6}, {2, 3}},
                                            ParityCase{{7, 2, 3}, {}}, ParityCase{{5, 0, 3}, {2, 2}}));
+
+// The same parity with the inputs on the GPU and the statistics reduced there (nccl with one GPU per rank, else
+// gloo with CUDA tensors on one shared GPU): two ranks, real processes, with unequal batches, against
+// BatchNorm2d on the concatenated batch.
+TEST(SyncBatchNormOnGpuWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of SyncBatchNormOnGpu";
+  InitOptions init;
+  init.device = "cuda";
+  init.backend = testing::gpu_test_backend(2);
+  init.timeout = std::chrono::seconds(60);
+  init_process_group(init);
+  const int rank = tandem::rank();
+  const torch::Device device = default_group().device();
+  torch::manual_seed(11);
+  const std::vector<int64_t> offsets{0, 3, 8};
+  const Tensor input = torch::randn({8, 4, 3, 2}) * 3 + 5, loss_weights = torch::randn({8, 4, 3, 2});
+  torch::nn::BatchNorm2d reference(4);
+  Tensor x_ref = input.clone().requires_grad_(true);
+  Tensor y_ref = reference(x_ref);
+  (y_ref * loss_weights).sum().backward();
+
+  nn::SyncBatchNorm layer(4, default_group().communicator_ptr());
+  layer->to(device);
+  const auto mine = [&](const Tensor& t) { return t.slice(0, offsets[rank], offsets[rank + 1]); };
+  Tensor x = mine(input).to(device).requires_grad_(true);
+  Tensor y = layer(x);
+  (y * mine(loss_weights).to(device)).sum().backward();
+  Tensor grad_weight = reduce_value(layer->weight.grad().clone(), /*average=*/false);
+  const double worst = std::max({max_diff(y.cpu(), mine(y_ref).detach()), max_diff(x.grad().cpu(), mine(x_ref.grad())),
+                                 max_diff(grad_weight.cpu(), reference->weight.grad()),
+                                 max_diff(layer->running_mean.cpu(), reference->running_mean),
+                                 max_diff(layer->running_var.cpu(), reference->running_var)});
+  std::cout << "[ largest difference ] on " << device << " over " << init.backend << ": " << worst << "\n";
+  EXPECT_LT(worst, 1e-4);
+  destroy_process_group();
+}
+
+TEST(SyncBatchNormOnGpu, EqualsBatchNormOnConcatenatedBatch) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const auto results = testing::run_worker_ranks(2, "SyncBatchNormOnGpuWorker.Run", std::chrono::seconds(120));
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " hung:\n" << results[r].output;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " output:\n" << results[r].output;
+  }
+}
 
 TEST(SyncBatchNorm, WorldOfOneIsBatchNormExactly) {
   torch::manual_seed(3);

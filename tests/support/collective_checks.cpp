@@ -11,8 +11,10 @@ torch::Tensor rank_values(int rank, int64_t numel, torch::ScalarType dtype) {
   return (torch::arange(numel, torch::kFloat64) * 0.5 + (rank + 1)).to(dtype);
 }
 
-void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype) {
+void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype,
+                           const torch::Device& device) {
   const int world = comm.world_size();
+  const auto on_device = [&](const torch::Tensor& t) { return t.to(device); };
   const auto expected_for = [&](int r) { return rank_values(r, numel, dtype); };
   torch::Tensor sum = torch::zeros({numel}, dtype), max = expected_for(0), min = expected_for(0);
   for (int r = 0; r < world; ++r) {
@@ -27,29 +29,29 @@ void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, to
   };
   for (const Case& c : {Case{ReduceOp::Sum, sum}, Case{ReduceOp::Avg, sum / world}, Case{ReduceOp::Min, min},
                         Case{ReduceOp::Max, max}}) {
-    torch::Tensor tensor = rank_values(rank, numel, dtype);
+    torch::Tensor tensor = on_device(rank_values(rank, numel, dtype));
     comm.all_reduce(tensor, c.op)->wait();
-    EXPECT_TRUE(torch::allclose(tensor, c.expected)) << "all_reduce " << comm::to_string(c.op) << " numel " << numel;
+    EXPECT_TRUE(torch::allclose(tensor.cpu(), c.expected)) << "all_reduce " << comm::to_string(c.op) << " numel " << numel;
   }
 
   for (int root : {0, world - 1}) {
-    torch::Tensor tensor = rank_values(rank, numel, dtype);
+    torch::Tensor tensor = on_device(rank_values(rank, numel, dtype));
     comm.broadcast(tensor, root)->wait();
-    EXPECT_TRUE(torch::equal(tensor, expected_for(root))) << "broadcast from " << root << " numel " << numel;
+    EXPECT_TRUE(torch::equal(tensor.cpu(), expected_for(root))) << "broadcast from " << root << " numel " << numel;
   }
 
   std::vector<torch::Tensor> gathered(world);
-  for (auto& out : gathered) out = torch::empty({numel}, dtype);
-  comm.all_gather(gathered, rank_values(rank, numel, dtype))->wait();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(torch::equal(gathered[r], expected_for(r))) << "all_gather slot " << r;
+  for (auto& out : gathered) out = torch::empty({numel}, torch::TensorOptions(dtype).device(device));
+  comm.all_gather(gathered, on_device(rank_values(rank, numel, dtype)))->wait();
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(torch::equal(gathered[r].cpu(), expected_for(r))) << "all_gather slot " << r;
 
   // reduce_scatter needs equal chunks: each rank contributes world*numel elements.
-  torch::Tensor input = rank_values(rank, numel * world, dtype);
-  torch::Tensor output = torch::empty({numel}, dtype);
+  torch::Tensor input = on_device(rank_values(rank, numel * world, dtype));
+  torch::Tensor output = torch::empty({numel}, torch::TensorOptions(dtype).device(device));
   comm.reduce_scatter(output, input, ReduceOp::Sum)->wait();
   torch::Tensor all = torch::zeros({numel * world}, dtype);
   for (int r = 0; r < world; ++r) all += rank_values(r, numel * world, dtype);
-  EXPECT_TRUE(torch::allclose(output, all.view({world, numel})[rank])) << "reduce_scatter numel " << numel;
+  EXPECT_TRUE(torch::allclose(output.cpu(), all.view({world, numel})[rank])) << "reduce_scatter numel " << numel;
 
   comm.barrier()->wait();
 }

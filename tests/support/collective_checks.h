@@ -11,7 +11,8 @@ namespace tandem::testing {
 torch::Tensor rank_values(int rank, int64_t numel, torch::ScalarType dtype);
 
 // Runs all_reduce (sum, avg, min, max), broadcast (from the first and last rank), all_gather, reduce_scatter
-// and barrier on `numel` elements of `dtype`, and records a gtest failure for every wrong result.
-void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype);
+// and barrier on `numel` elements of `dtype` held on `device`, and records a gtest failure for every wrong result.
+void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype,
+                           const torch::Device& device = torch::kCPU);
 
 }  // namespace tandem::testing

@@ -6,14 +6,18 @@
 #include <mutex>
 #include <thread>
 
+#include "tandem/comm/backend.h"
+#include "support/gpu.h"
 #include "tandem/comm/gloo/gloo_communicator.h"
+#include "tandem/util/device.h"
 #include "tandem/util/log.h"
 
 namespace tandem::testing {
 
-void run_thread_ranks(int world_size, const std::function<void(int, comm::Communicator&)>& body,
-                      std::chrono::milliseconds timeout) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+namespace {
+
+// Runs rank_body(rank) on world_size threads and rethrows the first failure once all have finished.
+void on_rank_threads(int world_size, const std::function<void(int rank)>& rank_body) {
   std::mutex mutex;
   std::exception_ptr first_failure;
   std::vector<std::thread> threads;
@@ -21,8 +25,7 @@ void run_thread_ranks(int world_size, const std::function<void(int, comm::Commun
     threads.emplace_back([&, rank] {
       try {
         log::set_identity(rank, world_size);
-        comm::GlooCommunicator communicator(store, rank, world_size, timeout);
-        body(rank, communicator);
+        rank_body(rank);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!first_failure) first_failure = std::current_exception();
@@ -31,6 +34,32 @@ void run_thread_ranks(int world_size, const std::function<void(int, comm::Commun
   }
   for (auto& thread : threads) thread.join();
   if (first_failure) std::rethrow_exception(first_failure);
+}
+
+}  // namespace
+
+void run_thread_ranks(int world_size, const std::function<void(int, comm::Communicator&)>& body,
+                      std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  on_rank_threads(world_size, [&](int rank) {
+    comm::GlooCommunicator communicator(store, rank, world_size, timeout);
+    body(rank, communicator);
+  });
+}
+
+void run_gpu_thread_ranks(int world_size, const std::function<void(int, comm::Communicator&, torch::Device)>& body,
+                          std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::string backend = gpu_test_backend(world_size);
+  on_rank_threads(world_size, [&](int rank) {
+    comm::RankLayout layout;
+    layout.rank = layout.local_rank = rank;
+    layout.world_size = layout.local_world_size = world_size;
+    const torch::Device device = select_device("cuda", rank);
+    make_current(device);
+    comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, timeout, device);
+    body(rank, *communicator, device);
+  });
 }
 
 }  // namespace tandem::testing

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
 
+#include "support/gpu.h"
 #include "support/processes.h"
 #include "support/thread_ranks.h"
 #include "tandem/data/image.h"
@@ -265,6 +267,65 @@ TEST(TrainProcesses, NonFiniteLossOnOneRankStopsEveryRankWithOneMessage) {
         << "rank " << r << ":\n" << results[r].output;
     EXPECT_EQ(results[r].output.find("[epoch 0]"), std::string::npos) << "no epoch may finish after the NaN";
   }
+}
+
+// The loss that rank 0 printed for `epoch` ("[epoch E] loss L ..."), or -1.
+double printed_loss(const std::string& output, int epoch) {
+  const std::string tag = "[epoch " + std::to_string(epoch) + "] loss ";
+  const size_t at = output.find(tag);
+  return at == std::string::npos ? -1.0 : std::stod(output.substr(at + tag.size()));
+}
+
+// `tandem train --device cuda` at world sizes 1 and 2 (two GPUs over nccl, or one shared over gloo) trains the
+// same model from the same seed as the CPU does: the first epoch's loss agrees (cuDNN's TF32 convolutions and
+// a different summation order leave a small difference, not a different run).
+TEST(TrainProcessesOnGpu, OneAndTwoRanksTrainLikeTheCpu) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const std::string data = write_tiny_mnist("gpu", 256, 64);
+  for (int world : {1, 2}) {
+    double losses[2] = {};
+    for (const std::string device : {"cpu", "cuda"}) {
+      const std::string backend = device == "cuda" ? testing::gpu_test_backend(world) : "gloo";
+      auto results = run_train_ranks(world, {"--data", data, "--device", device, "--backend", backend, "--epochs",
+                                             "1", "--batch-size", "16", "--threads", "1", "--run-dir",
+                                             make_temp_dir("gpu_" + device + std::to_string(world))});
+      expect_success(results, "--device " + device + " world " + std::to_string(world));
+      EXPECT_NE(results[0].output.find("device:        " + std::string(device == "cuda" ? "cuda:0" : "cpu")),
+                std::string::npos)
+          << results[0].output;
+      losses[device == "cuda"] = printed_loss(results[0].output, 0);
+    }
+    std::printf("[gpu parity] world %d: epoch-0 loss cpu %.4f cuda %.4f\n", world, losses[0], losses[1]);
+    EXPECT_GT(losses[0], 0.0);
+    EXPECT_NEAR(losses[1], losses[0], 0.02 * losses[0]) << "world " << world;
+  }
+}
+
+// Runs `tandem train --data DATA ARGS` alone and expects a failure told in exactly one line holding `expected`.
+void expect_one_line_failure(const std::string& name, const std::vector<std::string>& args, const std::string& expected) {
+  std::vector<std::string> argv = {testing::tandem_cli(), "train", "--data", write_tiny_mnist(name, 64, 16),
+                                   "--epochs", "1", "--threads", "1"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const testing::ProcessResult result = testing::run_process(argv);
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find(expected), std::string::npos) << result.output;
+  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
+}
+
+// The first GPU mistakes a user can make each get one line that says what is missing and a non-zero exit.
+TEST(TrainProcesses, DeviceCudaWithoutAGpuIsOneLineSayingWhatIsMissing) {
+  if (visible_gpu_count() > 0) GTEST_SKIP() << "a GPU is visible here";
+  expect_one_line_failure("no_gpu", {"--device", "cuda"},
+                          cuda_built() ? "--device cuda: no CUDA GPU is visible on this machine"
+                                       : "--device cuda: this tandem was built against a CPU-only LibTorch");
+}
+
+TEST(TrainProcesses, BackendNcclWithoutAGpuIsOneLine) {
+  if (visible_gpu_count() > 0) GTEST_SKIP() << "a GPU is visible here";
+  expect_one_line_failure("nccl_no_gpu", {"--backend", "nccl"},
+                          cuda_built() ? "backend nccl needs a CUDA GPU, and none is visible"
+                                       : "backend 'nccl' is not available in this build of tandem");
 }
 
 }  // namespace
