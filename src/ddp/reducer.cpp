@@ -120,14 +120,43 @@ void Reducer::prepare_for_forward() {
   if (world_size_ == 1) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // A backward that died half way (an exception in the graph) never ran our end-of-backward callback.
+    // Our end-of-backward callback never ran: an exception stopped that backward after some buckets were
+    // launched here, while the peers launched all of theirs. Our next collective would be matched against
+    // their stale ones, so the reducer must not be used again.
     if (callback_queued_) {
-      drain_in_flight();
-      reset_iteration();
+      broken_ = fmt::format(
+          "DistributedDataParallel: an earlier backward on rank {} stopped with an exception before it finished, so "
+          "this rank's gradient all-reduces are out of step with the other ranks'; stop every rank and restart from "
+          "the last checkpoint",
+          rank_);
+      callback_queued_ = false;
     }
-    sync_this_iteration_ = require_sync_ && torch::GradMode::is_enabled();
+    if (!broken_.empty()) throw CommError(broken_);
+    // No graph is recorded, so no backward can follow this forward: it must leave the iteration's state (and
+    // the buffers) alone, or an evaluation forward between a forward and its backward would turn sync off.
+    if (!torch::GradMode::is_enabled()) return;
+    sync_this_iteration_ = require_sync_;
   }
   if (sync_this_iteration_ && buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
+}
+
+void Reducer::watch_output(const torch::Tensor& output) {
+  if (world_size_ == 1 || !torch::GradMode::is_enabled() || !output.requires_grad()) return;
+  std::weak_ptr<Reducer*> self = self_;
+  output.register_hook([self](const torch::Tensor&) {
+    if (auto reducer = self.lock()) (*reducer)->expect_end_of_backward();
+  });
+}
+
+void Reducer::expect_end_of_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (sync_this_iteration_) queue_finish_backward();
+}
+
+void Reducer::queue_finish_backward() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  compat::queue_end_of_backward_callback([this] { finish_backward(); });
 }
 
 void Reducer::mark_ready(size_t index) {
@@ -135,10 +164,7 @@ void Reducer::mark_ready(size_t index) {
   used_since_sync_[index] = 1;
   if (!sync_this_iteration_) return;  // no_sync: .grad just accumulates
   Param& param = params_[index];
-  if (!callback_queued_) {
-    callback_queued_ = true;
-    compat::queue_end_of_backward_callback([this] { finish_backward(); });
-  }
+  queue_finish_backward();
   if (ready_[index]) {
     throw InvalidArgument(fmt::format(
         "DistributedDataParallel: parameter '{}' received a gradient twice in one backward; run each forward's "
@@ -219,6 +245,10 @@ void Reducer::finish_backward() {
   }
   if (failure) {
     reset_iteration();
+    broken_ = fmt::format(
+        "DistributedDataParallel: a gradient all-reduce failed on rank {} (the error was raised by that backward), "
+        "so the ranks' collectives can no longer be matched; stop every rank and restart from the last checkpoint",
+        rank_);
     std::rethrow_exception(failure);
   }
 

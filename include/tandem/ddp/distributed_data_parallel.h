@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "tandem/comm/process_group.h"
@@ -40,14 +41,17 @@ class DistributedDataParallel {
                                          std::move(options));
   }
 
-  // Broadcasts buffers from rank 0 (when on), then runs the wrapped module's forward.
+  // Broadcasts buffers from rank 0 (when on), then runs the wrapped module's forward. A tensor output is
+  // watched, so that a backward through it always ends in the gradient all-reduces (see Reducer::watch_output).
   template <typename... Args>
-  decltype(auto) forward(Args&&... args) {
+  auto forward(Args&&... args) {
     reducer_->prepare_for_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    auto output = module_->forward(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<decltype(output), torch::Tensor>) reducer_->watch_output(output);
+    return output;
   }
   template <typename... Args>
-  decltype(auto) operator()(Args&&... args) {
+  auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
 

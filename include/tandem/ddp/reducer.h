@@ -41,8 +41,15 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Call right before the module's forward. Collective when buffers are broadcast (grad mode on, synchronised
-  // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync).
+  // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync);
+  // a forward with grad mode off changes nothing, since no backward can follow it. Throws CommError once a
+  // backward on this rank stopped half way or a gradient all-reduce failed: the ranks' collectives are then
+  // out of step, and only a restart helps.
   void prepare_for_forward();
+
+  // Call with the forward's output. A backward that reaches it ends with the reducer's all-reduces even when
+  // it reaches no parameter on this rank, so the peers get an unused-parameter error instead of a timeout.
+  void watch_output(const torch::Tensor& output);
 
   // False while a NoSyncGuard is alive: the backward of a forward run then only accumulates .grad locally, and
   // the next synchronised backward reduces the accumulated sum.
@@ -71,6 +78,8 @@ class Reducer {
     comm::WorkPtr work;
   };
 
+  void expect_end_of_backward();
+  void queue_finish_backward();  // with mutex_ held
   void mark_ready(size_t param_index);
   void copy_grad_into_bucket(Param& param);
   void launch_complete_buckets();
@@ -96,6 +105,10 @@ class Reducer {
   // Filled on the host, then copied into the bucket. Pinned when the bucket is on a GPU, so that the copy is
   // queued without blocking (a pageable copy would make the host wait for all of backward's kernels).
   torch::Tensor tail_host_;
+
+  // What the output hooks hold: they may outlive the reducer inside a graph the caller kept.
+  std::shared_ptr<Reducer*> self_ = std::make_shared<Reducer*>(this);
+  std::string broken_;  // why this reducer refuses further use; empty while it is usable
 
   std::mutex mutex_;
   bool require_sync_ = true;        // set by NoSyncGuard
