@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "tandem/comm/backend.h"
 #include "tandem/config.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
@@ -63,9 +64,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const InvalidArgument& error) {
     log::write("error: ", error.what());
+    comm::abort_job_after_error(2);
     return 2;
   } catch (const std::exception& error) {
     log::write("error: ", error.what());
+    comm::abort_job_after_error(1);
     return 1;
   }
 }

@@ -45,4 +45,12 @@ CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& st
                                                          : ""));
 }
 
+void abort_job_after_error(int exit_code) noexcept {
+#if TANDEM_HAVE_MPI
+  abort_mpi_job(exit_code);
+#else
+  (void)exit_code;
+#endif
+}
+
 }  // namespace tandem::comm

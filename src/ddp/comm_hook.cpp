@@ -54,8 +54,11 @@ class CompressionHook : public CommHook {
       }
       wire = slot;
     }
+    // Divided in the bucket's own precision before the cast: a gradient above the narrow type's range (65504
+    // for float16) that the average brings back into it must not become inf. The bucket is overwritten with
+    // the result anyway.
+    bucket.buffer.div_(communicator.world_size());
     wire.copy_(bucket.buffer);
-    wire.div_(communicator.world_size());
     comm::WorkPtr work = communicator.all_reduce(wire, comm::ReduceOp::Sum);
     torch::Tensor buffer = bucket.buffer;
     return then(std::move(work), [buffer, wire]() mutable { buffer.copy_(wire); });

@@ -70,6 +70,7 @@ TEST(MpiCollectivesWorker, Run) {
   comm::Communicator& comm = default_group().communicator();
   EXPECT_EQ(comm.backend_name(), "mpi");
   check_backend(comm);
+  testing::check_average_edges(rank(), comm);
 
   // Progress without the caller: the collective completes while this thread only polls, never waits.
   torch::Tensor big = torch::full({int64_t{4} << 20}, 1.0f);
@@ -96,6 +97,29 @@ TEST(MpiCollectives, TwoRanksUnderMpirun) {
   ASSERT_FALSE(result.timed_out) << "mpirun hung:\n" << result.output;
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count_of(result.output, R"(\[       OK \] MpiCollectivesWorker\.Run)"), 2) << result.output;
+}
+
+TEST(MpiLargeMessagesWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiLargeMessages";
+  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(120));
+  // More bytes and elements than one MPI call can count (an int): DDP broadcasts a model of this size as one
+  // flat buffer. min() and max() check every element without a second 2 GiB tensor.
+  const int64_t numel = (int64_t{1} << 31) + 8;
+  torch::Tensor big = torch::full({numel}, comm.rank() == 0 ? 1 : 0, torch::kUInt8);
+  comm.broadcast(big, 0)->wait();
+  EXPECT_EQ(big.min().item<int>(), 1);
+  EXPECT_EQ(big.max().item<int>(), 1);
+  comm.all_reduce(big, ReduceOp::Sum)->wait();
+  EXPECT_EQ(big.min().item<int>(), comm.world_size());
+  EXPECT_EQ(big.max().item<int>(), comm.world_size());
+}
+
+TEST(MpiLargeMessages, BroadcastAndAllReduceOfMoreThan2GiB) {
+  testing::ProcessResult result =
+      testing::run_mpirun_ranks(2, "MpiLargeMessagesWorker.Run", std::chrono::seconds(240));
+  ASSERT_FALSE(result.timed_out) << "mpirun hung:\n" << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_of(result.output, R"(\[       OK \] MpiLargeMessagesWorker\.Run)"), 2) << result.output;
 }
 
 TEST(MpiSingletonWorker, Run) {

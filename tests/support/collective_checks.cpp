@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <limits>
+#include <thread>
+
 namespace tandem::testing {
 
 using comm::ReduceOp;
@@ -54,6 +58,29 @@ void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, to
   EXPECT_TRUE(torch::allclose(output.cpu(), all.view({world, numel})[rank])) << "reduce_scatter numel " << numel;
 
   comm.barrier()->wait();
+}
+
+void check_average_edges(int rank, comm::Communicator& comm) {
+  const int world = comm.world_size();
+  // Every rank holds 3/4 of float32's largest value: the sum overflows, the average does not.
+  const float large = 0.75f * std::numeric_limits<float>::max();
+  torch::Tensor near_max = torch::full({1001}, large);
+  comm.all_reduce(near_max, ReduceOp::Avg)->wait();
+  EXPECT_TRUE(torch::all(near_max == large).item<bool>()) << "float32 average near the top of the range gave "
+                                                          << near_max[0].item<float>();
+
+  // Integers are averaged after the sum, in a step of its own; is_completed() must not come before it.
+  torch::Tensor counts = torch::full({1001}, int64_t{10} * (rank + 1));
+  comm::WorkPtr work = comm.all_reduce(counts, ReduceOp::Avg);
+  const auto give_up = std::chrono::steady_clock::now() + comm.timeout();
+  while (!work->is_completed()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "an integer average never completed";
+    std::this_thread::yield();
+  }
+  const int64_t expected = int64_t{10} * world * (world + 1) / 2 / world;
+  EXPECT_TRUE(torch::all(counts == expected).item<bool>())
+      << "is_completed() was true while the tensor held " << counts[0].item<int64_t>() << ", not " << expected;
+  work->wait();
 }
 
 }  // namespace tandem::testing

@@ -15,4 +15,8 @@ torch::Tensor rank_values(int rank, int64_t numel, torch::ScalarType dtype);
 void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, torch::ScalarType dtype,
                            const torch::Device& device = torch::kCPU);
 
+// Averages at the edges: float32 values near the top of the range average without overflowing (divided
+// before the sum), and an integer average reports completion only once the tensor holds the average.
+void check_average_edges(int rank, comm::Communicator& comm);
+
 }  // namespace tandem::testing

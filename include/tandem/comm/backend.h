@@ -22,4 +22,8 @@ std::string default_backend(const torch::Device& device);
 CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,
                                   std::chrono::milliseconds timeout, const torch::Device& device = torch::kCPU);
 
+// For a rank exiting after an error: ends the job at once where its backend needs that (mpi aborts the MPI
+// job; its finalisation would wait for the peers). Gloo's and NCCL's peers see the closed connections instead.
+void abort_job_after_error(int exit_code) noexcept;
+
 }  // namespace tandem::comm

@@ -21,13 +21,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TANDEM_CHECK(false, "unknown reduce op");
 }
 
-void divide_in_place(torch::Tensor& tensor, int divisor) {
-  if (tensor.is_floating_point() || tensor.is_complex()) {
-    tensor.div_(divisor);
-  } else {
-    tensor.div_(divisor, "trunc");
-  }
-}
+// Average by a sum where the backend has no average: a floating-point tensor is divided before the sum, so
+// that a half-precision sum of large values stays in range; integers can only divide the sum.
+bool divides_before_sum(const torch::Tensor& tensor) { return tensor.is_floating_point() || tensor.is_complex(); }
 
 // Everything needed to report a failed collective, whether it failed when issued or while waited on.
 struct Failure {
@@ -71,7 +67,12 @@ class C10dWork : public Work {
     finished_ = true;
   }
 
-  bool is_completed() override { return finished_ || work_->isCompleted(); }
+  // The caller's tensor holds the result only once on_complete_ has run, so completing the work runs it too.
+  // Throws the collective's error, as wait() would.
+  bool is_completed() override {
+    if (!finished_ && work_->isCompleted()) wait();
+    return finished_;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -130,7 +131,11 @@ WorkPtr C10dCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   std::function<void()> finish;
   if (op == ReduceOp::Avg && !capabilities_.average) {
     options.reduceOp = c10d::ReduceOp::SUM;
-    finish = [tensor, world = world_size_]() mutable { divide_in_place(tensor, world); };
+    if (divides_before_sum(tensor)) {
+      tensor.div_(world_size_);
+    } else {
+      finish = [tensor, world = world_size_]() mutable { tensor.div_(world, "trunc"); };
+    }
   } else {
     options.reduceOp = to_c10d(op);
   }
@@ -177,9 +182,11 @@ WorkPtr C10dCommunicator::reduce_scatter(torch::Tensor& output, const torch::Ten
   std::vector<torch::Tensor> tensors{reduced};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op == ReduceOp::Avg ? ReduceOp::Sum : op);
-  auto finish = [output, reduced, op, rank = rank_, world = world_size_]() mutable {
+  const bool divide_sum = op == ReduceOp::Avg && !divides_before_sum(reduced);
+  if (op == ReduceOp::Avg && !divide_sum) reduced.div_(world_size_);
+  auto finish = [output, reduced, divide_sum, rank = rank_, world = world_size_]() mutable {
     torch::Tensor mine = reduced.view({world, -1})[rank].view(output.sizes());
-    if (op == ReduceOp::Avg) divide_in_place(mine, world);
+    if (divide_sum) mine.div_(world, "trunc");
     output.copy_(mine);
   };
   return issue(operation, input, [&] { return group_->allreduce(tensors, options); }, std::move(finish));

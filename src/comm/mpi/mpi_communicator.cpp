@@ -177,7 +177,9 @@ struct MpiGroup {
 namespace {
 
 // Largest piece of one all-reduce handed to MPI at a time (see all_reduce).
-constexpr size_t kAllreduceChunkBytes = size_t{4} << 20;
+constexpr int64_t kAllreduceChunkBytes = int64_t{4} << 20;
+// Largest message of the calls that are split rather than refused past MPI's int count (1 GiB).
+constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
 
 void check_mpi(int code, const char* call) {
   if (code == MPI_SUCCESS) return;
@@ -238,7 +240,7 @@ class MpiWork : public Work {
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg:  // MPI has no average: sum, then divide on the MPI thread.
+    case ReduceOp::Avg:  // MPI has no average: a sum (see divides_before_sum)
       return MPI_SUM;
     case ReduceOp::Min:
       return MPI_MIN;
@@ -286,13 +288,9 @@ int mpi_count(int64_t count, const std::string& operation) {
   return static_cast<int>(count);
 }
 
-void divide_in_place(torch::Tensor& tensor, int divisor) {
-  if (tensor.is_floating_point()) {
-    tensor.div_(divisor);
-  } else {
-    tensor.div_(divisor, "trunc");
-  }
-}
+// MPI has no average: it is a sum of tensors divided by the world size first where they are floating point,
+// so that large values cannot overflow in the sum; integers can only divide the sum.
+bool divides_before_sum(const torch::Tensor& tensor) { return tensor.is_floating_point(); }
 
 // Queues `body` on the MPI thread and returns the handle that waits for it.
 WorkPtr enqueue(const std::shared_ptr<MpiRuntime>& runtime, const std::shared_ptr<MpiGroup>& group, int world_size,
@@ -360,26 +358,27 @@ WorkPtr MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   std::string operation = "all_reduce(" + to_string(op) + ")";
   check_cpu(tensor, operation);
   MPI_Datatype type = reduction_type(tensor, operation);
-  int count = mpi_count(tensor.numel(), operation);
   MPI_Op mpi_op = to_mpi(op);
   torch::Tensor buffer = tensor.contiguous();
   return enqueue(runtime_, group_, world_size_, timeout_, operation,
-                 [tensor, buffer, type, count, mpi_op, op, world = world_size_](MPI_Comm comm) mutable {
+                 [tensor, buffer, type, mpi_op, op, world = world_size_](MPI_Comm comm) mutable {
                    // Open MPI's shared-memory all-reduce slows several-fold past ~8 MB (measured: 3.8 GB/s at
-                   // 8 MB, 0.7 GB/s at 64 MB on one host), so large tensors go in pieces that stay fast.
-                   const int chunk = std::max(1, static_cast<int>(kAllreduceChunkBytes / buffer.element_size()));
-                   auto* data = static_cast<char*>(buffer.data_ptr());
-                   for (int done = 0; done < count; done += chunk) {
-                     int piece = std::min(chunk, count - done);
-                     check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + static_cast<size_t>(done) * buffer.element_size(),
-                                             piece, type, mpi_op, comm),
+                   // 8 MB, 0.7 GB/s at 64 MB on one host), so large tensors go in pieces that stay fast; that
+                   // also keeps each call's count within MPI's int.
+                   const int64_t count = buffer.numel();
+                   const int64_t chunk = std::max<int64_t>(1, kAllreduceChunkBytes / buffer.element_size());
+                   const bool average = op == ReduceOp::Avg;
+                   const bool divide_first = divides_before_sum(buffer);
+                   torch::Tensor flat = buffer.view(-1);
+                   for (int64_t done = 0; done < count; done += chunk) {
+                     const int64_t piece = std::min(chunk, count - done);
+                     torch::Tensor slice = flat.narrow(0, done, piece);
+                     // Piece by piece, while the piece is in cache, instead of a second pass from memory.
+                     if (average && divide_first) slice.div_(world);
+                     check_mpi(MPI_Allreduce(MPI_IN_PLACE, slice.data_ptr(), static_cast<int>(piece), type, mpi_op,
+                                             comm),
                                "MPI_Allreduce");
-                     // Averaging piece by piece touches each piece while it is still in cache, instead of a
-                     // second pass over the whole tensor from memory.
-                     if (op == ReduceOp::Avg) {
-                       torch::Tensor reduced = buffer.view(-1).narrow(0, done, piece);
-                       divide_in_place(reduced, world);
-                     }
+                     if (average && !divide_first) slice.div_(world, "trunc");
                    }
                    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
                  });
@@ -390,13 +389,17 @@ WorkPtr MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {
     throw InvalidArgument(fmt::format("broadcast root {} is outside world size {}", root, world_size_));
   }
   check_cpu(tensor, "broadcast");
-  int bytes = mpi_count(tensor.nbytes(), "broadcast");
   torch::Tensor buffer = tensor.contiguous();
-  return enqueue(runtime_, group_, world_size_, timeout_, "broadcast",
-                 [tensor, buffer, bytes, root](MPI_Comm comm) mutable {
-                   check_mpi(MPI_Bcast(buffer.data_ptr(), bytes, MPI_BYTE, root, comm), "MPI_Bcast");
-                   if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-                 });
+  return enqueue(runtime_, group_, world_size_, timeout_, "broadcast", [tensor, buffer, root](MPI_Comm comm) mutable {
+    // MPI counts in int: a model of over 2 GiB, which DDP broadcasts as one flat buffer, goes in pieces.
+    auto* bytes = static_cast<char*>(buffer.data_ptr());
+    const int64_t total = static_cast<int64_t>(buffer.nbytes());
+    for (int64_t done = 0; done < total; done += kMaxMessageBytes) {
+      const int64_t piece = std::min(kMaxMessageBytes, total - done);
+      check_mpi(MPI_Bcast(bytes + done, static_cast<int>(piece), MPI_BYTE, root, comm), "MPI_Bcast");
+    }
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+  });
 }
 
 WorkPtr MpiCommunicator::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
@@ -443,13 +446,17 @@ WorkPtr MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tens
   mpi_count(input.numel(), operation);
   int count = mpi_count(output.numel(), operation);
   MPI_Op mpi_op = to_mpi(op);
-  torch::Tensor send = input.contiguous();
+  const bool average = op == ReduceOp::Avg;
+  const bool divide_first = divides_before_sum(input);
+  // Divided into a new tensor: the caller's input is read-only here.
+  torch::Tensor send = average && divide_first ? input.div(world_size_).contiguous() : input.contiguous();
   torch::Tensor receive = output.contiguous();
   return enqueue(runtime_, group_, world_size_, timeout_, operation,
-                 [output, send, receive, type, count, mpi_op, op, world = world_size_](MPI_Comm comm) mutable {
+                 [output, send, receive, type, count, mpi_op, divide_sum = average && !divide_first,
+                  world = world_size_](MPI_Comm comm) mutable {
                    check_mpi(MPI_Reduce_scatter_block(send.data_ptr(), receive.data_ptr(), count, type, mpi_op, comm),
                              "MPI_Reduce_scatter_block");
-                   if (op == ReduceOp::Avg) divide_in_place(receive, world);
+                   if (divide_sum) receive.div_(world, "trunc");
                    if (!receive.is_same(output)) output.copy_(receive);
                  });
 }
@@ -457,6 +464,15 @@ WorkPtr MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tens
 WorkPtr MpiCommunicator::barrier() {
   return enqueue(runtime_, group_, world_size_, timeout_, "barrier",
                  [](MPI_Comm comm) { check_mpi(MPI_Barrier(comm), "MPI_Barrier"); });
+}
+
+void abort_mpi_job(int exit_code) noexcept {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  // Called from the exiting thread, not the MPI thread, which may be blocked in a collective for good.
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
 }
 
 }  // namespace tandem::comm

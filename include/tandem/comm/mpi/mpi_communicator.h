@@ -49,4 +49,8 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<MpiGroup> group_;
 };
 
+// For a process exiting after an error: aborts the whole MPI job with `exit_code` if MPI was started.
+// Finalising instead would wait for the peers, which may wait for this rank until their collective timeout.
+void abort_mpi_job(int exit_code) noexcept;
+
 }  // namespace tandem::comm
