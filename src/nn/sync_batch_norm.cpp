@@ -19,6 +19,12 @@ std::vector<int64_t> reduce_dims(int64_t input_dim) {
   return dims;
 }
 
+// Statistics and gradient sums of float16/bfloat16 inputs are kept in float32 (as PyTorch does): a channel's
+// mean or a sum over a batch in 8 to 11 bits of mantissa loses most of its digits.
+torch::ScalarType statistics_type(const Tensor& input) {
+  return input.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
 // [C] -> [1, C, 1, ...] so it broadcasts against an input of `input_dim` dimensions.
 Tensor per_channel(const Tensor& values, int64_t input_dim) {
   std::vector<int64_t> shape(static_cast<size_t>(input_dim), 1);
@@ -42,10 +48,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["total_count"] = total_count;
     ctx->saved_data["communicator"] = c10::IValue::make_capsule(c10::make_intrusive<CommunicatorCapsule>(communicator));
+    // mean and invstd are in statistics_type(input); the arithmetic is done there and rounded once at the end.
     const int64_t dim = input.dim();
-    Tensor scale = weight.defined() ? invstd * weight : invstd;
-    Tensor shift = bias.defined() ? bias - mean * scale : -mean * scale;
-    return input * per_channel(scale, dim) + per_channel(shift, dim);
+    Tensor scale = invstd * weight;
+    Tensor shift = bias - mean * scale;
+    return (input * per_channel(scale, dim) + per_channel(shift, dim)).to(input.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -57,24 +64,26 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
     const int64_t dim = input.dim();
     const std::vector<int64_t> dims = reduce_dims(dim);
-    Tensor grad_out = grad_outputs[0].defined() ? grad_outputs[0] : torch::zeros_like(input);
-    Tensor centered = input - per_channel(mean, dim);
+    const torch::ScalarType accumulate = statistics_type(input);
+    Tensor grad_out = (grad_outputs[0].defined() ? grad_outputs[0] : torch::zeros_like(input)).to(accumulate);
+    Tensor centered = input.to(accumulate) - per_channel(mean, dim);
     Tensor sum_dy = grad_out.sum(dims);
     Tensor sum_dy_xmu = (grad_out * centered).sum(dims);
 
     Tensor grad_input, grad_weight, grad_bias;
     // Weight and bias gradients stay local (see the header): DDP's all-reduce combines them.
-    if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = sum_dy_xmu * invstd;
-    if (weight.defined() && ctx->needs_input_grad(2)) grad_bias = sum_dy;
+    if (ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
+    if (ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.scalar_type());
     if (ctx->needs_input_grad(0)) {
       const int64_t channels = mean.size(0);
       Tensor sums = torch::cat({sum_dy, sum_dy_xmu});
       communicator.all_reduce(sums, comm::ReduceOp::Sum)->wait();
       Tensor mean_dy = sums.slice(0, 0, channels) / total_count;
       Tensor mean_dy_xmu = sums.slice(0, channels, 2 * channels) / total_count;
-      Tensor gain = weight.defined() ? invstd * weight : invstd;
-      grad_input = (grad_out - per_channel(mean_dy, dim) - centered * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
-                   per_channel(gain, dim);
+      Tensor gain = invstd * weight;
+      grad_input = ((grad_out - per_channel(mean_dy, dim) - centered * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
+                    per_channel(gain, dim))
+                       .to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -189,8 +198,11 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     if (!options.momentum()) average_factor = 1.0 / num_batches_tracked.item<double>();
   }
 
+  // Only training synchronises. Evaluation without running statistics normalises each rank's batch by its
+  // own statistics, as PyTorch's SyncBatchNorm does: evaluation is not collective (a rank may have fewer
+  // batches than another), so a collective here could wait for a rank that never comes.
   const comm::CommunicatorPtr communicator = resolve_communicator(communicator_);
-  if (!communicator || communicator->world_size() == 1) {
+  if (!communicator || communicator->world_size() == 1 || !is_training()) {
     return torch::batch_norm(input, weight, bias, running_mean, running_var, /*training=*/true, average_factor,
                              options.eps(), /*cudnn_enabled=*/true);
   }
@@ -206,8 +218,8 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     auto options64 = torch::TensorOptions().dtype(torch::kDouble).device(input.device());
     Tensor moments = torch::zeros({2 * channels + 1}, options64);
     if (local_count > 0) {
-      auto [local_var, local_mean] = torch::var_mean(input.detach(), reduce_dims(input.dim()), /*unbiased=*/false,
-                                                     /*keepdim=*/false);
+      auto [local_var, local_mean] = torch::var_mean(input.detach().to(statistics_type(input)),
+                                                     reduce_dims(input.dim()), /*unbiased=*/false, /*keepdim=*/false);
       Tensor mean64 = local_mean.to(torch::kDouble);
       moments.slice(0, 0, channels).copy_(mean64 * static_cast<double>(local_count));
       moments.slice(0, channels, 2 * channels)
@@ -223,15 +235,19 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     }
     Tensor mean64 = moments.slice(0, 0, channels) / total_count;
     Tensor var64 = (moments.slice(0, channels, 2 * channels) / total_count - mean64 * mean64).clamp_min(0);
-    mean = mean64.to(input.scalar_type());
-    invstd = (var64 + options.eps()).rsqrt().to(input.scalar_type());
+    mean = mean64.to(statistics_type(input));
+    invstd = (var64 + options.eps()).rsqrt().to(statistics_type(input));
     if (options.track_running_stats()) {
       Tensor unbiased_var = var64 * (total_count / (total_count - 1));
       running_mean.mul_(1 - average_factor).add_(mean64.to(running_mean.scalar_type()), average_factor);
       running_var.mul_(1 - average_factor).add_(unbiased_var.to(running_var.scalar_type()), average_factor);
     }
   }
-  return SyncBatchNormFunction::apply(input, weight, bias, mean, invstd, total_count, communicator);
+  // LibTorch 1.13's autograd functions reject undefined tensors, so a layer without affine parameters passes
+  // the identity's (which need no gradient).
+  const Tensor scale = weight.defined() ? weight : torch::ones({channels}, mean.options());
+  const Tensor shift = bias.defined() ? bias : torch::zeros({channels}, mean.options());
+  return SyncBatchNormFunction::apply(input, scale, shift, mean, invstd, total_count, communicator);
 }
 
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,

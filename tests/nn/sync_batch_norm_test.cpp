@@ -239,6 +239,49 @@ TEST(SyncBatchNorm, EvalUsesRunningStatsAndCommunicatesNothing) {
   EXPECT_THROW(layer(input), CommError);
 }
 
+TEST(SyncBatchNorm, EvalWithoutRunningStatsNormalisesEachRankLocallyAndCommunicatesNothing) {
+  torch::manual_seed(5);
+  nn::SyncBatchNorm layer(torch::nn::BatchNormOptions(3).track_running_stats(false),
+                          std::make_shared<NoCommunication>());
+  layer->eval();
+  const Tensor input = torch::randn({2, 3, 5, 5}) * 2 + 1;
+  const Tensor local = torch::batch_norm(input, layer->weight, layer->bias, Tensor(), Tensor(), /*training=*/true,
+                                         0.0, 1e-5, /*cudnn_enabled=*/false);
+  EXPECT_TRUE(torch::allclose(layer(input), local));
+}
+
+// bfloat16 inputs whose channel mean (100.75) is not a bfloat16 value: statistics and gradient sums rounded to
+// bfloat16 would shift the whole output; kept in float32 they leave only the output's own rounding.
+TEST(SyncBatchNorm, ReducedPrecisionInputsKeepStatisticsInFloat32) {
+  const int64_t per_rank = 64, channels = 2;
+  const Tensor values = (100 + torch::arange(2 * per_rank * channels * 9, torch::kDouble).remainder(4) * 0.5)
+                            .view({2 * per_rank, channels, 3, 3});
+  const Tensor loss_weights = torch::randn({2 * per_rank, channels, 3, 3}, torch::kDouble);
+  Tensor x_ref = values.clone().requires_grad_(true);
+  const Tensor ref_out = torch::batch_norm(x_ref, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.0, 1e-5, false);
+  (ref_out * loss_weights).sum().backward();
+  std::mutex mutex;
+  double worst_out = 0, worst_grad = 0;
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    nn::SyncBatchNorm layer(torch::nn::BatchNormOptions(channels).affine(false), borrow(communicator));
+    Tensor x = values.slice(0, rank * per_rank, (rank + 1) * per_rank).to(torch::kBFloat16).requires_grad_(true);
+    Tensor y = layer(x);
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+    (y * loss_weights.slice(0, rank * per_rank, (rank + 1) * per_rank).to(torch::kBFloat16)).sum().backward();
+    EXPECT_EQ(x.grad().scalar_type(), torch::kBFloat16);
+    const double out = max_diff(y.to(torch::kDouble), ref_out.slice(0, rank * per_rank, (rank + 1) * per_rank));
+    const double grad =
+        max_diff(x.grad().to(torch::kDouble), x_ref.grad().slice(0, rank * per_rank, (rank + 1) * per_rank));
+    std::lock_guard<std::mutex> lock(mutex);
+    worst_out = std::max(worst_out, out);
+    worst_grad = std::max(worst_grad, grad);
+  });
+  std::cout << "[ largest difference ] output " << worst_out << ", input grad " << worst_grad << "\n";
+  // Outputs reach about 1.35 and input gradients about 10: bfloat16 rounds them by up to 2^-8 of that.
+  EXPECT_LT(worst_out, 0.02);
+  EXPECT_LT(worst_grad, 0.15);
+}
+
 TEST(SyncBatchNorm, RejectsWrongChannelCount) {
   nn::SyncBatchNorm layer(3);
   EXPECT_THROW(layer(torch::randn({2, 4, 3, 3})), InvalidArgument);
