@@ -1,6 +1,11 @@
 #include "tandem/comm/value_collectives.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace tandem::comm {
 namespace {
@@ -41,6 +46,41 @@ std::string broadcast_string(Communicator& communicator, const std::string& valu
   if (communicator.rank() == root && !value.empty()) std::memcpy(bytes.data_ptr(), value.data(), value.size());
   if (bytes.numel() > 0) broadcast_values(communicator, bytes, root);
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+}
+
+std::vector<std::string> all_gather_strings(Communicator& communicator, const std::string& value, size_t max_bytes) {
+  if (communicator.world_size() < 2) return {value.substr(0, max_bytes)};
+  const size_t length = std::min(value.size(), max_bytes);
+  // One length byte-count per rank in front of a fixed-size field, so that one all-gather carries all.
+  torch::Tensor field = torch::zeros({static_cast<int64_t>(sizeof(int64_t) + max_bytes)}, torch::kUInt8);
+  const int64_t length64 = static_cast<int64_t>(length);
+  std::memcpy(field.data_ptr(), &length64, sizeof(length64));
+  std::memcpy(static_cast<char*>(field.data_ptr()) + sizeof(int64_t), value.data(), length);
+  std::vector<std::string> values;
+  for (const torch::Tensor& gathered : all_gather_values(communicator, field)) {
+    int64_t gathered_length = 0;
+    std::memcpy(&gathered_length, gathered.data_ptr(), sizeof(gathered_length));
+    values.emplace_back(static_cast<const char*>(gathered.data_ptr()) + sizeof(int64_t),
+                        static_cast<size_t>(gathered_length));
+  }
+  return values;
+}
+
+std::string describe_rank_groups(const std::vector<std::string>& value_per_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(value_per_rank.size()); ++r) {
+    auto found = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == value_per_rank[r]; });
+    if (found == groups.end()) {
+      groups.push_back({value_per_rank[r], {r}});
+    } else {
+      found->second.push_back(r);
+    }
+  }
+  std::string text;
+  for (const auto& [value, ranks] : groups) {
+    text += fmt::format("{}ranks [{}] have {}", text.empty() ? "" : "; ", fmt::join(ranks, ", "), value);
+  }
+  return text;
 }
 
 }  // namespace tandem::comm

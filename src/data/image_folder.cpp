@@ -17,6 +17,7 @@
 
 #include "tandem/data/image.h"
 #include "tandem/util/error.h"
+#include "tandem/util/fingerprint.h"
 
 namespace tandem::data {
 namespace fs = std::filesystem;
@@ -249,6 +250,15 @@ ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFo
 }
 
 ImageFolderDataset::~ImageFolderDataset() = default;
+
+uint64_t ImageFolderDataset::fingerprint() const {
+  Fingerprint fingerprint;
+  for (const ImageSample& sample : samples_) {
+    const std::filesystem::path path(sample.path);
+    fingerprint.add((path.parent_path().filename() / path.filename()).string()).add(sample.label);
+  }
+  return fingerprint.value();
+}
 
 void ImageFolderDataset::load_into(int64_t index, float* out) const {
   const ImageTransformOptions& t = options_.transform;

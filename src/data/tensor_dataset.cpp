@@ -1,6 +1,7 @@
 #include "tandem/data/tensor_dataset.h"
 
 #include "tandem/util/error.h"
+#include "tandem/util/fingerprint.h"
 
 namespace tandem::data {
 
@@ -34,6 +35,17 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   batch.target = targets_.index_select(0, selector.to(targets_.device()));
   batch.indices = indices;
   return batch;
+}
+
+uint64_t TensorDataset::fingerprint() const {
+  Fingerprint fingerprint;
+  for (const torch::Tensor& tensor : {data_, targets_}) {
+    const torch::Tensor bytes = tensor.contiguous().cpu();
+    for (int64_t size : bytes.sizes()) fingerprint.add(size);
+    fingerprint.add(static_cast<int64_t>(bytes.scalar_type()));
+    fingerprint.add(bytes.data_ptr(), bytes.nbytes());
+  }
+  return fingerprint.value();
 }
 
 }  // namespace tandem::data

@@ -1,21 +1,18 @@
 #include "tandem/ddp/replica_sync.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <sstream>
 
 #include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
+#include "tandem/util/fingerprint.h"
 
 namespace tandem::ddp {
 namespace {
-
-constexpr int64_t kDescriptionBytes = 256;
 
 std::string describe(const std::string& kind, const std::string& name, const torch::Tensor& tensor) {
   std::ostringstream out;
@@ -24,15 +21,7 @@ std::string describe(const std::string& kind, const std::string& name, const tor
   return out.str();
 }
 
-// FNV-1a, forced non-zero so that 0 can mean "no such entry on this rank".
-int64_t fingerprint(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return static_cast<int64_t>(hash == 0 ? 1 : hash);
-}
+int64_t fingerprint(const std::string& text) { return static_cast<int64_t>(Fingerprint().add(text).value()); }
 
 }  // namespace
 
@@ -68,27 +57,8 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
   }
   TANDEM_CHECK(first < max_count, "replica fingerprints differ but no entry does");
 
-  std::string mine = first < static_cast<int64_t>(entries.size()) ? entries[first] : "nothing";
-  mine.resize(std::min<size_t>(mine.size(), kDescriptionBytes - 1));
-  torch::Tensor text = torch::zeros({kDescriptionBytes}, torch::kByte);
-  std::memcpy(text.data_ptr<uint8_t>(), mine.data(), mine.size());
-  auto texts = comm::all_gather_values(communicator, text);
-
-  // Group ranks by what they have at that entry, rank 0's version first.
-  std::vector<std::pair<std::string, std::vector<int>>> versions;
-  for (int r = 0; r < world; ++r) {
-    std::string version(reinterpret_cast<const char*>(texts[r].data_ptr<uint8_t>()));
-    auto found = std::find_if(versions.begin(), versions.end(), [&](const auto& v) { return v.first == version; });
-    if (found == versions.end()) {
-      versions.push_back({version, {r}});
-    } else {
-      found->second.push_back(r);
-    }
-  }
-  std::string detail;
-  for (const auto& [version, ranks] : versions) {
-    detail += fmt::format("{}ranks [{}] have {}", detail.empty() ? "" : "; ", fmt::join(ranks, ", "), version);
-  }
+  const std::string mine = first < static_cast<int64_t>(entries.size()) ? entries[first] : "nothing";
+  const std::string detail = comm::describe_rank_groups(comm::all_gather_strings(communicator, mine));
   throw InvalidArgument(fmt::format(
       "DistributedDataParallel: the ranks' models differ at entry {}: {}; every rank must build the same model "
       "(and pass the same options) before wrapping it",

@@ -19,6 +19,7 @@
 
 #include "tandem/comm/value_collectives.h"
 #include "tandem/data/batch_sampler.h"
+#include "tandem/data/data_agreement.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/ddp/distributed_data_parallel.h"
@@ -234,8 +235,10 @@ EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& fo
   int64_t total = 0;
   loader.start_epoch(epoch);
   while (std::optional<data::Batch> batch = loader.next()) {
+    // Every rank runs the same number of forwards, even on a batch that is all padding: a model whose forward
+    // communicates would otherwise wait for a rank that skipped it. The padding is dropped afterwards.
+    if (batch->data.size(0) == 0) continue;
     const int64_t real = batch->real_count();
-    if (real == 0) continue;
     torch::Tensor predicted = forward(batch->data).argmax(1).slice(0, 0, real);
     torch::Tensor hits = predicted.eq(batch->target.slice(0, 0, real)).sum();
     correct = correct.defined() ? correct + hits : hits;
@@ -315,6 +318,10 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   on_all_ranks(communicator, "to load the data set", [&] { sets = open_training_data(options); });
   const std::shared_ptr<const data::Dataset>& train_set = sets.train;
   const std::shared_ptr<const data::Dataset>& test_set = sets.eval;
+  if (communicator) {
+    data::verify_ranks_hold_same_data(*communicator, *train_set, "training data");
+    data::verify_ranks_hold_same_data(*communicator, *test_set, "evaluation data");
+  }
   if (is_main) log::write("", "training configuration:\n" + describe(options, world));
   on_all_ranks(communicator, "to write the class list", [&] {
     if (is_main && !sets.classes.empty()) data::write_class_list(sets.classes, options.run_dir + "/class_indices.json");

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 #include "support/gpu.h"
+#include "support/tiny_datasets.h"
 #include "support/processes.h"
 #include "support/thread_ranks.h"
 #include "tandem/data/image.h"
@@ -23,56 +25,20 @@
 namespace tandem::train {
 namespace {
 
-std::string make_temp_dir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "tandem_trainer_" + std::to_string(::getpid()) + "_" + name;
-  ::mkdir(dir.c_str(), 0755);
-  return dir;
-}
+using testing::make_temp_dir;
+using testing::write_tiny_image_folder;
+using testing::write_tiny_mnist;
 
-void write_be32(std::ofstream& out, uint32_t value) {
-  const unsigned char bytes[4] = {static_cast<unsigned char>(value >> 24), static_cast<unsigned char>(value >> 16),
-                                  static_cast<unsigned char>(value >> 8), static_cast<unsigned char>(value)};
-  out.write(reinterpret_cast<const char*>(bytes), 4);
-}
-
-// IDX files (uncompressed) for `count` 28x28 images whose label is drawn into the picture as a bright row, so
-// the CNN has something to learn; pixels otherwise pseudo-random but fixed.
-void write_split(const std::string& dir, const std::string& prefix, int count, uint32_t salt) {
-  std::ofstream images(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary);
-  std::ofstream labels(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary);
-  write_be32(images, 0x00000803);
-  write_be32(images, count);
-  write_be32(images, 28);
-  write_be32(images, 28);
-  write_be32(labels, 0x00000801);
-  write_be32(labels, count);
-  uint32_t state = 12345 + salt;
-  for (int i = 0; i < count; ++i) {
-    const unsigned char label = static_cast<unsigned char>((i * 7 + salt) % 10);
-    labels.put(static_cast<char>(label));
-    for (int p = 0; p < 28 * 28; ++p) {
-      state = state * 1664525u + 1013904223u;
-      unsigned char pixel = static_cast<unsigned char>((state >> 24) / 4);
-      if (p / 28 == 2 + 2 * label) pixel = 255;
-      images.put(static_cast<char>(pixel));
-    }
-  }
-}
-
-std::string write_tiny_mnist(const std::string& name, int train_count, int test_count) {
-  const std::string dir = make_temp_dir(name);
-  write_split(dir, "train", train_count, 0);
-  write_split(dir, "t10k", test_count, 3);
-  return dir;
-}
-
-// Runs `tandem train ARGS` as ranks 0..world-1 (RANK/WORLD_SIZE/MASTER_* set by hand, as a launcher would).
-std::vector<testing::ProcessResult> run_train_ranks(int world, const std::vector<std::string>& args,
-                                                    std::map<std::string, std::string> extra_env = {}) {
+// Runs `tandem train ARGS_OF(rank)` as ranks 0..world-1 (RANK/WORLD_SIZE/MASTER_* set by hand, as a launcher
+// would).
+std::vector<testing::ProcessResult> run_train_ranks_with(int world,
+                                                         const std::function<std::vector<std::string>(int)>& args_of,
+                                                         std::map<std::string, std::string> extra_env = {}) {
   const std::string port = std::to_string(testing::free_port());
   std::vector<std::future<testing::ProcessResult>> running;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> argv = {testing::tandem_cli(), "train"};
+    const std::vector<std::string> args = args_of(r);
     argv.insert(argv.end(), args.begin(), args.end());
     std::map<std::string, std::string> env = extra_env;
     env["RANK"] = std::to_string(r);
@@ -88,6 +54,11 @@ std::vector<testing::ProcessResult> run_train_ranks(int world, const std::vector
   std::vector<testing::ProcessResult> results;
   for (auto& f : running) results.push_back(f.get());
   return results;
+}
+
+std::vector<testing::ProcessResult> run_train_ranks(int world, const std::vector<std::string>& args,
+                                                    std::map<std::string, std::string> extra_env = {}) {
+  return run_train_ranks_with(world, [&](int) { return args; }, std::move(extra_env));
 }
 
 void expect_success(const std::vector<testing::ProcessResult>& results, const std::string& what) {
@@ -123,6 +94,24 @@ TEST(Evaluate, CountsEachTestSampleOnceWhenTheWorldDoesNotDivideTheTestSet) {
   });
 }
 
+TEST(Evaluate, RunsTheForwardOnEveryBatchEvenOneThatIsAllPadding) {
+  // 201 samples over 2 ranks in batches of 100: rank 1's second batch holds only the padding sample.
+  auto dataset = alternating_labels(201);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    data::DistributedSamplerOptions sampling{2, rank, /*shuffle=*/false, 0, false};
+    data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(201, sampling), 100));
+    int forwards = 0;
+    const auto counting = [&forwards](const torch::Tensor& x) {
+      ++forwards;
+      return always_zero(x);
+    };
+    EvalCounts counts = evaluate(counting, loader, 0, &communicator);
+    EXPECT_EQ(forwards, 2) << "rank " << rank;
+    EXPECT_EQ(counts.total, 201) << "rank " << rank;
+    EXPECT_EQ(counts.correct, 101) << "rank " << rank;
+  });
+}
+
 // A data set whose image `bad` cannot be read: get_batch drops its rows, as ImageFolderDataset does under
 // --skip-bad-images.
 class DroppingDataset : public data::Dataset {
@@ -154,24 +143,6 @@ TEST(Evaluate, CountsEachReadableSampleOnceWhenADroppedImageWasAlsoPadding) {
     EXPECT_EQ(counts.total, 9) << "rank " << rank;
     EXPECT_EQ(counts.correct, 4) << "rank " << rank;
   });
-}
-
-// CLASS/img<i>.png for 3 classes of `per_class` 20x16 RGB images; each class has its own colour, so a few steps
-// have something to learn.
-std::string write_tiny_image_folder(const std::string& name, int per_class) {
-  const std::string root = make_temp_dir(name);
-  const char* classes[] = {"circle", "square", "triangle"};
-  for (int c = 0; c < 3; ++c) {
-    std::filesystem::create_directories(root + "/" + classes[c]);
-    for (int i = 0; i < per_class; ++i) {
-      std::vector<uint8_t> pixels(20 * 16 * 3);
-      for (size_t p = 0; p < pixels.size(); ++p) {
-        pixels[p] = static_cast<uint8_t>(p % 3 == static_cast<size_t>(c) ? 200 : (p * 7 + i) % 64);
-      }
-      data::write_png(root + "/" + classes[c] + "/img" + std::to_string(i) + ".png", pixels.data(), 20, 16, 3);
-    }
-  }
-  return root;
 }
 
 TEST(TrainProcesses, ResNetWithSyncBatchNormTrainsOnAnImageFolderUnderTandemRun) {
@@ -252,6 +223,33 @@ TEST(TrainProcesses, ResumedRunEndsWithTheSameWeightsAsAnUninterruptedOne) {
   int lines = 0;
   for (std::string line; std::getline(metrics, line);) ++lines;
   EXPECT_EQ(lines, 2);
+}
+
+TEST(TrainProcesses, RanksWhoseDataDiffersStopBeforeTrainingNamingTheOddRank) {
+  const std::string same = write_tiny_mnist("agreement_same", 64, 20);
+  const std::string changed = make_temp_dir("agreement_changed");
+  std::filesystem::copy(same, changed, std::filesystem::copy_options::recursive);
+  {
+    // One training label differs: the last byte of the labels file.
+    const std::string labels = changed + "/train-labels-idx1-ubyte";
+    std::fstream file(labels, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file) << labels;
+    file.seekg(-1, std::ios::end);
+    const char label = static_cast<char>(file.get());
+    file.seekp(-1, std::ios::end);
+    file.put(static_cast<char>(label == 0 ? 1 : 0));
+  }
+  const auto results = run_train_ranks_with(2, [&](int rank) {
+    return std::vector<std::string>{"--data", rank == 1 ? changed : same, "--epochs", "1", "--batch-size", "8",
+                                    "--threads", "1", "--timeout", "30", "--run-dir", make_temp_dir("agreement_run")};
+  });
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " hung:\n" << results[r].output;
+    EXPECT_NE(results[r].exit_code, 0) << results[r].output;
+    EXPECT_NE(results[r].output.find("training data differ"), std::string::npos) << results[r].output;
+    EXPECT_NE(results[r].output.find("ranks [1]"), std::string::npos) << results[r].output;
+    EXPECT_EQ(results[r].output.find("[epoch 0]"), std::string::npos) << "no rank may train:\n" << results[r].output;
+  }
 }
 
 TEST(TrainProcesses, NonFiniteLossOnOneRankStopsEveryRankWithOneMessage) {

@@ -16,5 +16,12 @@ void broadcast_values(Communicator& communicator, torch::Tensor& values, int roo
 std::vector<torch::Tensor> all_gather_values(Communicator& communicator, const torch::Tensor& values);
 // Rank `root`'s string on every rank.
 std::string broadcast_string(Communicator& communicator, const std::string& value, int root = 0);
+// Every rank's string, on every rank; each is cut to its first `max_bytes`.
+std::vector<std::string> all_gather_strings(Communicator& communicator, const std::string& value,
+                                            size_t max_bytes = 256);
+
+// "ranks [0, 2] have A; ranks [1] have B": ranks grouped by their value, in the order values first appear. For
+// errors that every rank raises alike after an exchange, naming who differs.
+std::string describe_rank_groups(const std::vector<std::string>& value_per_rank);
 
 }  // namespace tandem::comm

@@ -33,6 +33,10 @@ class Dataset {
   // may drop rows it cannot read (ImageFolderDataset with skip_bad_images); the rows it keeps must be the
   // requested ones in the requested order, so the loader can tell which of them are padding.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+  // What ranks compare before training to be sure they read the same data (see data_agreement.h): equal on
+  // two ranks exactly when their data sets hold the same samples in the same order, as far as it can tell.
+  // 0 means "cannot tell", and then only the sizes are compared.
+  virtual uint64_t fingerprint() const { return 0; }
 };
 
 }  // namespace tandem::data

@@ -81,6 +81,9 @@ class ImageFolderDataset : public Dataset {
   // data [B, 3, S, S] float32 (normalised), target [B] int64, indices [B]; B < indices.size() only when
   // skip_bad_images dropped unreadable files. Safe to call from several threads at once.
   Batch get_batch(const std::vector<int64_t>& indices) const override;
+  // Of each sample's "class folder/file name" and label, in order: the same on nodes that mount the data set
+  // at different paths, different when one node's copy lacks or adds a file. File contents are not read.
+  uint64_t fingerprint() const override;
 
   // One sample, transformed: [3, S, S]. Throws InvalidArgument naming the file if it cannot be decoded.
   torch::Tensor get_image(int64_t index) const;
