@@ -1,5 +1,5 @@
 // safetensors: round trips for every dtype, a file PyTorch wrote (tests/fixtures/make_safetensors_fixture.py),
-// the seeds' skip-and-list loading filter, --strict, and clear errors on damaged files.
+// the seeds' skip-and-list loading filter, --strict, and clear errors on damaged or deliberately crafted files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -176,5 +176,53 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
   for (const auto& p : {good, truncated, tiny, huge_header, bad_json}) std::remove(p.c_str());
 }
 
+// A file with `header` as its JSON and `data_bytes` zero bytes after it, whatever the header claims.
+std::string raw_safetensors(const std::string& header, size_t data_bytes) {
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  return length + header + std::string(data_bytes, '\0');
+}
+
+// Headers written to make a reader allocate terabytes, overflow its size arithmetic or read outside the file:
+// each must be refused with InvalidArgument naming the file, the tensor and the problem, before any allocation.
+TEST(Safetensors, CraftedHeadersFailBeforeAnyAllocation) {
+  struct Crafted {
+    const char* name;
+    const char* entry;  // the JSON of tensor "crafted"
+    const char* problem;
+  };
+  const Crafted cases[] = {
+      {"terabytes", R"({"dtype":"F32","shape":[1099511627776],"data_offsets":[0,16]})",
+       "has 16 bytes but its dtype and shape need 4398046511104"},
+      {"overflowing_shape", R"({"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,0]})",
+       "too large"},
+      {"overflowing_bytes", R"({"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,16]})", "too large"},
+      {"past_the_end", R"({"dtype":"U8","shape":[1024],"data_offsets":[0,1024]})", "outside the file"},
+      {"begin_after_end", R"({"dtype":"U8","shape":[0],"data_offsets":[16,8]})", "begins after it ends"},
+      {"byte_count", R"({"dtype":"F32","shape":[3],"data_offsets":[0,16]})",
+       "has 16 bytes but its dtype and shape need 12"},
+      {"negative_dimension", R"({"dtype":"U8","shape":[-16],"data_offsets":[0,16]})", "non-negative integers"},
+      {"fractional_dimension", R"({"dtype":"U8","shape":[2.5],"data_offsets":[0,16]})", "non-negative integers"},
+      {"negative_offset", R"({"dtype":"U8","shape":[16],"data_offsets":[-16,0]})", "non-negative integers"},
+      {"one_offset", R"({"dtype":"U8","shape":[16],"data_offsets":[16]})", "[BEGIN, END]"},
+  };
+  for (const auto& crafted : cases) {
+    SCOPED_TRACE(crafted.name);
+    const std::string path = temp_path(std::string(crafted.name) + ".safetensors");
+    write_bytes(path, raw_safetensors(std::string(R"({"crafted":)") + crafted.entry + "}", 16));
+    expect_load_error(path, "'crafted'");
+    expect_load_error(path, crafted.problem);
+    std::remove(path.c_str());
+  }
+
+  const std::string longer_than_file = temp_path("longer_than_file.safetensors");
+  std::string bytes = raw_safetensors(R"({"crafted":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0);
+  bytes[0] = static_cast<char>(bytes[0] + 1);  // one byte more header than the file holds
+  write_bytes(longer_than_file, bytes);
+  expect_load_error(longer_than_file, "header length");
+  std::remove(longer_than_file.c_str());
+}
+
 }  // namespace
 }  // namespace tandem::train
+
