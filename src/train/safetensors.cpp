@@ -187,12 +187,16 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     ::unlink(temp.c_str());
     throw_io("cannot rename " + temp + " to", path);
   }
-  // The rename itself is durable only once the directory entry is on disk.
-  int dir = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  // The rename itself is durable only once the directory entry is on disk; a caller told "saved" must be able
+  // to rely on it. File systems that cannot sync a directory at all say EINVAL, and there is nothing more to do.
+  const std::string dir_path = parent_dir(path);
+  const int dir = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) throw_io("cannot open directory " + dir_path + " to fsync it after writing", path);
+  const bool synced = ::fsync(dir) == 0 || errno == EINVAL;
+  const int fsync_errno = errno;
+  ::close(dir);
+  errno = fsync_errno;
+  if (!synced) throw_io("cannot fsync directory " + dir_path + " after writing", path);
 }
 
 TensorFile load_safetensors(const std::string& path) {

@@ -1,9 +1,15 @@
 // safetensors: round trips for every dtype, a file PyTorch wrote (tests/fixtures/make_safetensors_fixture.py),
-// the seeds' skip-and-list loading filter, --strict, and clear errors on damaged or deliberately crafted files.
+// the seeds' skip-and-list loading filter, --strict, clear errors on damaged or deliberately crafted files, and
+// a save whose directory cannot be synced reported as an error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "tandem/nn/cnn_net.h"
@@ -12,6 +18,9 @@
 
 namespace tandem::train {
 namespace {
+
+// While set, fsync of a directory fails with EIO, as on a failing disk (see the fsync defined below).
+std::atomic<bool> fail_directory_fsync{false};
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "tandem_safetensors_" + std::to_string(::getpid()) + "_" + name;
@@ -176,6 +185,22 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
   for (const auto& p : {good, truncated, tiny, huge_header, bad_json}) std::remove(p.c_str());
 }
 
+TEST(Safetensors, SaveReportsADirectoryThatCannotBeSynced) {
+  const std::string path = temp_path("directory_fsync.safetensors");
+  std::string message;
+  fail_directory_fsync = true;
+  try {
+    save_safetensors(path, {{"a", torch::ones({4})}});
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  fail_directory_fsync = false;
+  EXPECT_NE(message.find("cannot fsync directory"), std::string::npos) << "got '" << message << "'";
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find(std::strerror(EIO)), std::string::npos) << message;
+  std::remove(path.c_str());
+}
+
 // A file with `header` as its JSON and `data_bytes` zero bytes after it, whatever the header claims.
 std::string raw_safetensors(const std::string& header, size_t data_bytes) {
   std::string length(8, '\0');
@@ -226,3 +251,13 @@ TEST(Safetensors, CraftedHeadersFailBeforeAnyAllocation) {
 }  // namespace
 }  // namespace tandem::train
 
+// The library's fsync calls bind to this definition (a program's own symbols come first in dynamic lookup), so
+// a test can make syncing the directory fail deterministically; otherwise it is the plain system call.
+extern "C" int fsync(int fd) {
+  struct stat info;
+  if (tandem::train::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    errno = EIO;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
