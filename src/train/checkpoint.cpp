@@ -2,9 +2,10 @@
 
 #include <dirent.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 
 #include "tandem/train/safetensors.h"
@@ -40,6 +41,31 @@ std::string format_double(double value) {
   char text[64];
   std::snprintf(text, sizeof text, "%.17g", value);
   return text;
+}
+
+// Orders names as text, except that runs of digits compare as the numbers they spell, so that the run
+// 20240501-120000-10 comes after 20240501-120000-9 (and after 20240501-120000). Leading zeros are skipped and
+// digits compared as text, so numbers of any length compare without overflowing.
+bool numbers_aware_less(const std::string& a, const std::string& b) {
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (!is_digit(a[i]) || !is_digit(b[j])) {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
+      continue;
+    }
+    size_t a_end = i, b_end = j;
+    while (a_end < a.size() && is_digit(a[a_end])) ++a_end;
+    while (b_end < b.size() && is_digit(b[b_end])) ++b_end;
+    while (i + 1 < a_end && a[i] == '0') ++i;
+    while (j + 1 < b_end && b[j] == '0') ++j;
+    const std::string_view a_number(a.data() + i, a_end - i), b_number(b.data() + j, b_end - j);
+    if (a_number.size() != b_number.size()) return a_number.size() < b_number.size();
+    if (a_number != b_number) return a_number < b_number;
+    i = a_end, j = b_end;
+  }
+  return a.size() - i < b.size() - j;
 }
 
 }  // namespace
@@ -136,7 +162,9 @@ std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batch
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   DIR* dir = ::opendir(run_dir.c_str());
   if (!dir) return std::nullopt;
-  std::vector<std::string> names;
+  // Training order is (epoch, batch) read as numbers: the zero padding is only as wide as checkpoint_path makes
+  // it, and a name written by hand may have none, so "10" must not sort before "9". The name breaks ties.
+  std::optional<std::tuple<int, long long, std::string>> newest;
   while (dirent* entry = ::readdir(dir)) {
     std::string name = entry->d_name;
     int epoch = 0;
@@ -145,13 +173,28 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
     // Exactly checkpoint-EEEE-BBBBBBBB.safetensors; temp files carry a ".tmp.<pid>" suffix and fail the match.
     if (std::sscanf(name.c_str(), "checkpoint-%d-%lld.%31s", &epoch, &batches, tail) == 3 &&
         std::string(tail) == "safetensors") {
-      names.push_back(name);
+      std::tuple<int, long long, std::string> candidate{epoch, batches, std::move(name)};
+      if (!newest || candidate > *newest) newest = std::move(candidate);
     }
   }
   ::closedir(dir);
-  if (names.empty()) return std::nullopt;
-  // Zero-padded fields: lexicographic order is training order.
-  return run_dir + "/" + *std::max_element(names.begin(), names.end());
+  if (!newest) return std::nullopt;
+  return run_dir + "/" + std::get<2>(*newest);
+}
+
+std::string newest_run_dir(const std::string& runs_dir) {
+  std::string best;
+  if (DIR* dir = ::opendir(runs_dir.c_str())) {
+    while (dirent* entry = ::readdir(dir)) {
+      std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      if ((best.empty() || numbers_aware_less(best, name)) && find_latest_checkpoint(runs_dir + "/" + name)) {
+        best = name;
+      }
+    }
+    ::closedir(dir);
+  }
+  return best.empty() ? "" : runs_dir + "/" + best;
 }
 
 }  // namespace tandem::train

@@ -52,6 +52,63 @@ torch::ScalarType dtype_from_name(const std::string& name, const std::string& pa
   throw InvalidArgument(path + ": tensor '" + tensor + "' has unsupported dtype '" + name + "'");
 }
 
+[[noreturn]] void bad_entry(const std::string& path, const std::string& tensor, const std::string& what) {
+  throw InvalidArgument(path + ": tensor '" + tensor + "' " + what);
+}
+
+// Where one tensor lies in the data section and how to allocate it.
+struct EntryLayout {
+  torch::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+// Reads one header entry and checks it against the data_size bytes of data before anything is allocated: the
+// byte range lies inside them and is exactly what the dtype and shape need. A crafted header would otherwise
+// make the reader allocate terabytes, or overflow the size arithmetic into a small, wrong allocation.
+EntryLayout entry_layout(const json& entry, uint64_t data_size, const std::string& path, const std::string& name) {
+  EntryLayout layout;
+  layout.type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
+
+  const json& offsets = entry.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2) bad_entry(path, name, "has data_offsets that are not [BEGIN, END]");
+  if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
+    bad_entry(path, name, "has data_offsets that are not non-negative integers: " + offsets.dump());
+  }
+  layout.begin = offsets[0].get<uint64_t>();
+  layout.end = offsets[1].get<uint64_t>();
+  if (layout.begin > layout.end) {
+    bad_entry(path, name, "has data_offsets " + offsets.dump() + ": the range begins after it ends");
+  }
+  if (layout.end > data_size) {
+    bad_entry(path, name, detail::concat("lies outside the file (its data ends at byte ", layout.end,
+                                         " but the data is ", data_size, " bytes; truncated?)"));
+  }
+
+  const json& shape = entry.at("shape");
+  if (!shape.is_array()) bad_entry(path, name, "has a shape that is not a list: " + shape.dump());
+  // Checking the byte count at every step also keeps the element count inside LibTorch's int64_t.
+  constexpr uint64_t kMaxBytes = std::numeric_limits<int64_t>::max();
+  uint64_t bytes = c10::elementSize(layout.type);
+  for (const json& dimension : shape) {
+    if (!dimension.is_number_unsigned()) {
+      bad_entry(path, name, "has a shape that is not a list of non-negative integers: " + shape.dump());
+    }
+    const uint64_t extent = dimension.get<uint64_t>();
+    if (extent != 0 && bytes > kMaxBytes / extent) {
+      bad_entry(path, name, "has shape " + shape.dump() + ", too large for any file (over 2^63 bytes)");
+    }
+    bytes *= extent;
+    layout.shape.push_back(static_cast<int64_t>(extent));
+  }
+  if (layout.end - layout.begin != bytes) {
+    bad_entry(path, name, detail::concat("has ", layout.end - layout.begin, " bytes but its dtype and shape need ",
+                                         bytes));
+  }
+  return layout;
+}
+
 [[noreturn]] void throw_io(const std::string& what, const std::string& path) {
   throw Error(what + " " + path + ": " + std::strerror(errno));
 }
@@ -130,12 +187,16 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     ::unlink(temp.c_str());
     throw_io("cannot rename " + temp + " to", path);
   }
-  // The rename itself is durable only once the directory entry is on disk.
-  int dir = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  // The rename itself is durable only once the directory entry is on disk; a caller told "saved" must be able
+  // to rely on it. File systems that cannot sync a directory at all say EINVAL, and there is nothing more to do.
+  const std::string dir_path = parent_dir(path);
+  const int dir = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) throw_io("cannot open directory " + dir_path + " to fsync it after writing", path);
+  const bool synced = ::fsync(dir) == 0 || errno == EINVAL;
+  const int fsync_errno = errno;
+  ::close(dir);
+  errno = fsync_errno;
+  if (!synced) throw_io("cannot fsync directory " + dir_path + " after writing", path);
 }
 
 TensorFile load_safetensors(const std::string& path) {
@@ -184,30 +245,15 @@ TensorFile load_safetensors(const std::string& path) {
       continue;
     }
     try {
-      const auto type = dtype_from_name(it->at("dtype").get<std::string>(), path, name);
-      const auto shape = it->at("shape").get<std::vector<int64_t>>();
-      const auto offsets = it->at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size) {
-        throw InvalidArgument(detail::concat(path, ": tensor '", name, "' lies outside the file (truncated? data is ",
-                                             data_size, " bytes)"));
-      }
-      int64_t numel = 1;
-      for (int64_t d : shape) {
-        if (d < 0) throw InvalidArgument(path + ": tensor '" + name + "' has a negative dimension");
-        numel *= d;
-      }
-      torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type));
-      const uint64_t bytes = static_cast<uint64_t>(numel) * t.element_size();
-      if (offsets[1] - offsets[0] != bytes) {
-        throw InvalidArgument(detail::concat(path, ": tensor '", name, "' has ", offsets[1] - offsets[0],
-                                             " bytes but its dtype and shape need ", bytes));
-      }
-      in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
+      const EntryLayout layout = entry_layout(*it, data_size, path, name);
+      torch::Tensor t = torch::empty(layout.shape, torch::TensorOptions().dtype(layout.type));
+      const uint64_t bytes = layout.end - layout.begin;
+      in.seekg(static_cast<std::streamoff>(data_start + layout.begin));
       if (bytes > 0 && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
         throw InvalidArgument(path + ": truncated safetensors file while reading tensor '" + name + "'");
       }
       file.tensors.emplace_back(name, std::move(t));
-      order.push_back({name, offsets[0]});
+      order.push_back({name, layout.begin});
     } catch (const json::exception& error) {
       throw InvalidArgument(path + ": corrupt safetensors entry '" + name + "': " + error.what());
     }

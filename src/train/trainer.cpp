@@ -1,6 +1,5 @@
 #include "tandem/train/trainer.h"
 
-#include <dirent.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
@@ -81,20 +80,6 @@ std::string timestamped_run_dir() {
   std::string dir = std::string("runs/") + stamp;
   for (int i = 1; exists(dir); ++i) dir = std::string("runs/") + stamp + "-" + std::to_string(i);
   return dir;
-}
-
-// The newest run under runs/ (timestamps sort by name) that holds a checkpoint.
-std::string newest_run_dir() {
-  std::string best;
-  if (DIR* dir = ::opendir("runs")) {
-    while (dirent* entry = ::readdir(dir)) {
-      std::string name = entry->d_name;
-      if (name == "." || name == "..") continue;
-      if (name > best && find_latest_checkpoint("runs/" + name)) best = name;
-    }
-    ::closedir(dir);
-  }
-  return best.empty() ? "" : "runs/" + best;
 }
 
 // Rank 0's string, on every rank.
@@ -302,7 +287,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   std::string resume_from;
   on_all_ranks(communicator, "to prepare the run directory", [&] {
     if (!is_main) return;
-    if (options.run_dir.empty()) options.run_dir = options.resume ? newest_run_dir() : timestamped_run_dir();
+    if (options.run_dir.empty()) options.run_dir = options.resume ? newest_run_dir("runs") : timestamped_run_dir();
     if (options.resume) {
       if (options.run_dir.empty()) throw InvalidArgument("--resume: no run under runs/ holds a checkpoint; pass --run-dir");
       auto latest = find_latest_checkpoint(options.run_dir);

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include "tandem/data/idx_file.h"
 #include "tandem/data/mnist_dataset.h"
@@ -56,6 +58,22 @@ Bytes gzip_stored(const Bytes& data) {
   const uint32_t size = static_cast<uint32_t>(data.size());
   for (int shift : {0, 8, 16, 24}) out.push_back(static_cast<uint8_t>(crc >> shift));
   for (int shift : {0, 8, 16, 24}) out.push_back(static_cast<uint8_t>(size >> shift));
+  return out;
+}
+
+// Real deflate compression: long runs of zeros shrink about a thousandfold, which is what a gzip bomb uses.
+Bytes gzip_deflated(const Bytes& data) {
+  z_stream stream;
+  std::memset(&stream, 0, sizeof(stream));
+  EXPECT_EQ(deflateInit2(&stream, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  Bytes out(deflateBound(&stream, data.size()));
+  stream.next_in = const_cast<Bytef*>(data.data());
+  stream.avail_in = static_cast<uInt>(data.size());
+  stream.next_out = out.data();
+  stream.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
   return out;
 }
 
@@ -217,6 +235,25 @@ TEST_F(MnistFiles, CorruptOrTruncatedGzipNamesTheFile) {
   error = load_error();
   expect_contains(error, "t10k-images-idx3-ubyte.gz");
   expect_contains(error, "truncated");
+}
+
+TEST_F(MnistFiles, GzipBombIsRefusedWhileInflating) {
+  write("t10k-images-idx3-ubyte", images_file());
+  // A valid header for 5 labels (13 bytes with the data), then 64 MiB of zeros that it does not declare.
+  Bytes bomb = labels_file();
+  bomb.resize(bomb.size() + (64 << 20));
+  Bytes compressed = gzip_deflated(bomb);
+  ASSERT_LT(compressed.size(), 100u << 10);
+  write("t10k-labels-idx1-ubyte.gz", compressed);
+  std::string error = load_error();
+  expect_contains(error, "t10k-labels-idx1-ubyte.gz");
+  expect_contains(error, "decompresses to more than 13 bytes; the file is not an IDX file or is corrupt");
+
+  // Refused as soon as the output passes the limit: with its second half cut off, the stream never reaches
+  // the truncation, because inflating stops long before.
+  compressed.resize(compressed.size() / 2);
+  write("t10k-labels-idx1-ubyte.gz", compressed);
+  expect_contains(load_error(), "decompresses to more than 13 bytes");
 }
 
 TEST(Normalization, GuessesFromFolderAndParsesFlag) {

@@ -1,5 +1,6 @@
 // Checkpoints restore model and optimizer exactly (the next step after loading equals the next step of the
-// original), the newest checkpoint is found, and the cosine schedule matches the seeds' lambda.
+// original), the newest checkpoint and the newest run are found by number, and the cosine schedule matches the
+// seeds' lambda.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -97,6 +98,32 @@ TEST(Checkpoint, FindsTheNewestAndIgnoresTempFiles) {
   }
   std::ofstream(checkpoint_path(dir, 11, 0) + ".tmp.123") << "partial";
   EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10, 5));
+}
+
+TEST(Checkpoint, NewestComparesTheNumbersInTheNames) {
+  const std::string dir = make_temp_dir("numbers");
+  // Unpadded names, and numbers wider than checkpoint_path pads them to.
+  for (const char* name : {"checkpoint-9-0.safetensors", "checkpoint-10-0.safetensors", "checkpoint-2-7.safetensors"}) {
+    std::ofstream(dir + "/" + name) << "x";
+  }
+  EXPECT_EQ(find_latest_checkpoint(dir).value(), dir + "/checkpoint-10-0.safetensors");
+  std::ofstream(checkpoint_path(dir, 9999, 0)) << "x";
+  std::ofstream(checkpoint_path(dir, 10000, 0)) << "x";
+  EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10000, 0));
+  std::ofstream(checkpoint_path(dir, 10000, 99999999)) << "x";
+  std::ofstream(checkpoint_path(dir, 10000, 100000000)) << "x";
+  EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10000, 100000000));
+}
+
+TEST(Checkpoint, NewestRunIsTheLatestTimestampThenTheHighestSuffix) {
+  const std::string runs = make_temp_dir("runs");
+  EXPECT_EQ(newest_run_dir(runs), "");
+  for (const char* name : {"20240501-120000", "20240501-120000-9", "20240501-120000-10", "20240430-235959-11"}) {
+    ::mkdir((runs + "/" + name).c_str(), 0755);
+    std::ofstream(checkpoint_path(runs + "/" + name, 1, 0)) << "x";
+  }
+  ::mkdir((runs + "/20240501-120000-12").c_str(), 0755);  // started, but no checkpoint yet
+  EXPECT_EQ(newest_run_dir(runs), runs + "/20240501-120000-10");
 }
 
 TEST(CosineSchedule, MatchesTheSeedsLambda) {

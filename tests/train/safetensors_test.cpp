@@ -1,9 +1,15 @@
 // safetensors: round trips for every dtype, a file PyTorch wrote (tests/fixtures/make_safetensors_fixture.py),
-// the seeds' skip-and-list loading filter, --strict, and clear errors on damaged files.
+// the seeds' skip-and-list loading filter, --strict, clear errors on damaged or deliberately crafted files, and
+// a save whose directory cannot be synced reported as an error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "tandem/nn/cnn_net.h"
@@ -12,6 +18,9 @@
 
 namespace tandem::train {
 namespace {
+
+// While set, fsync of a directory fails with EIO, as on a failing disk (see the fsync defined below).
+std::atomic<bool> fail_directory_fsync{false};
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "tandem_safetensors_" + std::to_string(::getpid()) + "_" + name;
@@ -176,5 +185,79 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
   for (const auto& p : {good, truncated, tiny, huge_header, bad_json}) std::remove(p.c_str());
 }
 
+TEST(Safetensors, SaveReportsADirectoryThatCannotBeSynced) {
+  const std::string path = temp_path("directory_fsync.safetensors");
+  std::string message;
+  fail_directory_fsync = true;
+  try {
+    save_safetensors(path, {{"a", torch::ones({4})}});
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  fail_directory_fsync = false;
+  EXPECT_NE(message.find("cannot fsync directory"), std::string::npos) << "got '" << message << "'";
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find(std::strerror(EIO)), std::string::npos) << message;
+  std::remove(path.c_str());
+}
+
+// A file with `header` as its JSON and `data_bytes` zero bytes after it, whatever the header claims.
+std::string raw_safetensors(const std::string& header, size_t data_bytes) {
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  return length + header + std::string(data_bytes, '\0');
+}
+
+// Headers written to make a reader allocate terabytes, overflow its size arithmetic or read outside the file:
+// each must be refused with InvalidArgument naming the file, the tensor and the problem, before any allocation.
+TEST(Safetensors, CraftedHeadersFailBeforeAnyAllocation) {
+  struct Crafted {
+    const char* name;
+    const char* entry;  // the JSON of tensor "crafted"
+    const char* problem;
+  };
+  const Crafted cases[] = {
+      {"terabytes", R"({"dtype":"F32","shape":[1099511627776],"data_offsets":[0,16]})",
+       "has 16 bytes but its dtype and shape need 4398046511104"},
+      {"overflowing_shape", R"({"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,0]})",
+       "too large"},
+      {"overflowing_bytes", R"({"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,16]})", "too large"},
+      {"past_the_end", R"({"dtype":"U8","shape":[1024],"data_offsets":[0,1024]})", "outside the file"},
+      {"begin_after_end", R"({"dtype":"U8","shape":[0],"data_offsets":[16,8]})", "begins after it ends"},
+      {"byte_count", R"({"dtype":"F32","shape":[3],"data_offsets":[0,16]})",
+       "has 16 bytes but its dtype and shape need 12"},
+      {"negative_dimension", R"({"dtype":"U8","shape":[-16],"data_offsets":[0,16]})", "non-negative integers"},
+      {"fractional_dimension", R"({"dtype":"U8","shape":[2.5],"data_offsets":[0,16]})", "non-negative integers"},
+      {"negative_offset", R"({"dtype":"U8","shape":[16],"data_offsets":[-16,0]})", "non-negative integers"},
+      {"one_offset", R"({"dtype":"U8","shape":[16],"data_offsets":[16]})", "[BEGIN, END]"},
+  };
+  for (const auto& crafted : cases) {
+    SCOPED_TRACE(crafted.name);
+    const std::string path = temp_path(std::string(crafted.name) + ".safetensors");
+    write_bytes(path, raw_safetensors(std::string(R"({"crafted":)") + crafted.entry + "}", 16));
+    expect_load_error(path, "'crafted'");
+    expect_load_error(path, crafted.problem);
+    std::remove(path.c_str());
+  }
+
+  const std::string longer_than_file = temp_path("longer_than_file.safetensors");
+  std::string bytes = raw_safetensors(R"({"crafted":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0);
+  bytes[0] = static_cast<char>(bytes[0] + 1);  // one byte more header than the file holds
+  write_bytes(longer_than_file, bytes);
+  expect_load_error(longer_than_file, "header length");
+  std::remove(longer_than_file.c_str());
+}
+
 }  // namespace
 }  // namespace tandem::train
+
+// The library's fsync calls bind to this definition (a program's own symbols come first in dynamic lookup), so
+// a test can make syncing the directory fail deterministically; otherwise it is the plain system call.
+extern "C" int fsync(int fd) {
+  struct stat info;
+  if (tandem::train::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    errno = EIO;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}

@@ -15,11 +15,13 @@ struct IdxArray {
 };
 
 // Reads a whole IDX file. Every failure throws InvalidArgument naming `path` and what is wrong: missing or
-// unreadable file, corrupt or truncated gzip data, bad magic, an element type other than unsigned byte, fewer
-// bytes than the header promises (truncated) or bytes left over after the data.
+// unreadable file, corrupt or truncated gzip data, gzip data that inflates past what the IDX header declares
+// (refused while inflating, so a gzip bomb never fills memory), bad magic, an element type other than unsigned
+// byte, fewer bytes than the header promises (truncated) or bytes left over after the data.
 IdxArray read_idx_file(const std::string& path);
 
-// The file's bytes, gunzipped when it starts with the gzip magic. Throws InvalidArgument naming `path`.
+// The file's bytes, gunzipped when it starts with the gzip magic. Throws InvalidArgument naming `path`, also
+// when the gzip data inflates past 1 GiB, more than any IDX file tandem reads.
 std::vector<uint8_t> read_maybe_gzipped_file(const std::string& path);
 
 }  // namespace tandem::data

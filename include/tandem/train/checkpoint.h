@@ -42,8 +42,13 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
 // RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors for (epoch, batches_done); names sort in training order.
 std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
 
-// The newest checkpoint in run_dir (latest epoch, then batch), or nullopt if there is none. Temp files of an
-// interrupted write are ignored.
+// The newest checkpoint in run_dir (latest epoch, then batch, compared as numbers), or nullopt if there is none.
+// Temp files of an interrupted write are ignored.
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
+
+// RUNS_DIR/NAME of the newest run under runs_dir that holds a checkpoint, or "" if none does. Run names are
+// the trainer's timestamps, YYYYmmdd-HHMMSS with a -N suffix when that second is taken; the numbers in them are
+// compared as numbers, so -10 is newer than -9.
+std::string newest_run_dir(const std::string& runs_dir);
 
 }  // namespace tandem::train

@@ -25,7 +25,9 @@ struct TensorFile {
 
 // Writes atomically: to PATH.tmp.<pid>, fsync, rename over PATH, fsync the directory; a crash leaves either
 // the old file or the new one. Tensors are written contiguous from CPU; names must be unique and not
-// "__metadata__". Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL. Throws Error naming the file.
+// "__metadata__". Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL. Throws Error naming the file,
+// also when the directory cannot be synced after the rename (the new file is then in place but may not survive
+// a crash).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
