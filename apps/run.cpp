@@ -38,11 +38,12 @@ std::function<int()> define_run(CLI::App& command) {
   command.add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0..nnodes-1")
       ->capture_default_str();
   CLI::Option* addr = command.add_option("--master-addr,--master_addr", flags->master_addr,
-                                         "Host of node 0 (default 127.0.0.1; required with --nnodes > 1)");
+                                         "Host of node 0 (default 127.0.0.1; a loopback address with --nnodes 1, required "
+                                         "with --nnodes > 1)");
   CLI::Option* port = command.add_option(
       "--master-port,--master_port", flags->master_port,
-      "Rendezvous port on node 0. Absent or 0 on one node: a free port. Absent with --nnodes > 1: 29500, so "
-      "that every node agrees without being told");
+      "Rendezvous port on node 0. Absent or 0 on one node: a free port, held by the launcher's store. Absent "
+      "with --nnodes > 1: 29500, so that every node agrees without being told");
   command.add_option("--log-dir,--log_dir", flags->log_dir, "Also write each rank's output to DIR/rank<r>.log");
   // A plain string, not a CLI11 list: a list option would swallow the `--` that must precede the command.
   command.add_option("--gpus", flags->gpus, "GPU indices for the workers, e.g. 2,7 (sets CUDA_VISIBLE_DEVICES)");

@@ -38,6 +38,9 @@ void read_torchrun(RankLayout& layout, const EnvLookup& env) {
   layout.node_rank = env_int(env, "GROUP_RANK").value_or(layout.rank / std::max(layout.local_world_size, 1));
   layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
   layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
+  // torchrun writes Python's str(True).
+  layout.launcher_serves_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  layout.store_file = env("TANDEM_STORE_FILE").value_or("");
 }
 
 void read_slurm(RankLayout& layout, const EnvLookup& env) {

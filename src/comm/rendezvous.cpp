@@ -23,11 +23,13 @@ std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(byte
 
 double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
-StorePtr make_tcp_store(const std::string& host, int port, const RankLayout& layout,
+// Rank 0 hosts the store, unless the launcher does (launcher_serves) and every rank connects to it.
+StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves, const RankLayout& layout,
                         std::chrono::milliseconds timeout) {
+  const bool serve = layout.rank == 0 && !launcher_serves;
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
-  options.isServer = layout.rank == 0;
+  options.isServer = serve;
   options.numWorkers = layout.world_size;
   // join() waits for the workers itself, so that a missing rank is named instead of reported as a bare timeout.
   options.waitWorkers = false;
@@ -35,16 +37,26 @@ StorePtr make_tcp_store(const std::string& host, int port, const RankLayout& lay
   try {
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& error) {
-    if (layout.rank == 0) {
+    if (serve) {
       throw CommError(fmt::format(
           "rank 0 could not open the rendezvous port {}:{} ({}); is another job using it? pick a free "
           "--master-port or pass 0 to `tandem run` to choose one",
           host, port, error.what()));
     }
     throw CommError(fmt::format(
-        "rank {} could not reach the rendezvous master at {}:{} within {:.0f} s ({}); check that rank 0 is "
+        "rank {} could not reach the rendezvous master at {}:{} within {:.0f} s ({}); check that {} is "
         "running and MASTER_ADDR/MASTER_PORT match on every rank",
-        layout.rank, host, port, seconds(timeout), error.what()));
+        layout.rank, host, port, seconds(timeout), error.what(), launcher_serves ? "the launcher" : "rank 0"));
+  }
+}
+
+StorePtr make_file_store(const std::string& path, const RankLayout& layout, std::chrono::milliseconds timeout) {
+  try {
+    auto store = c10::make_intrusive<c10d::FileStore>(path, layout.world_size);
+    store->setTimeout(timeout);
+    return store;
+  } catch (const std::exception& error) {
+    throw CommError(fmt::format("cannot open the rendezvous file '{}': {}", path, error.what()));
   }
 }
 
@@ -65,7 +77,8 @@ std::string describe_ranks(const std::vector<int>& ranks) {
 
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout) {
   if (init_method == "env://") {
-    return make_tcp_store(layout.master_addr, layout.master_port, layout, timeout);
+    if (!layout.store_file.empty()) return make_file_store(layout.store_file, layout, timeout);
+    return make_tcp_store(layout.master_addr, layout.master_port, layout.launcher_serves_store, layout, timeout);
   }
   const std::string tcp = "tcp://";
   const std::string file = "file://";
@@ -81,18 +94,13 @@ StorePtr make_store(const std::string& init_method, const RankLayout& layout, st
     } catch (const std::exception&) {
       throw InvalidArgument(fmt::format("init method '{}' has no valid port: tcp://HOST:PORT", init_method));
     }
-    return make_tcp_store(address.substr(0, colon), port, layout, timeout);
+    // The launcher's store is the one at MASTER_ADDR:MASTER_PORT; an address given here names rank 0's.
+    return make_tcp_store(address.substr(0, colon), port, false, layout, timeout);
   }
   if (init_method.rfind(file, 0) == 0) {
     std::string path = init_method.substr(file.size());
     if (path.empty()) throw InvalidArgument("init method 'file://' needs a path: file:///shared/dir/store");
-    try {
-      auto store = c10::make_intrusive<c10d::FileStore>(path, layout.world_size);
-      store->setTimeout(timeout);
-      return store;
-    } catch (const std::exception& error) {
-      throw CommError(fmt::format("cannot open the rendezvous file '{}': {}", path, error.what()));
-    }
+    return make_file_store(path, layout, timeout);
   }
   throw InvalidArgument(
       fmt::format("unknown init method '{}': use env://, tcp://HOST:PORT or file:///PATH", init_method));

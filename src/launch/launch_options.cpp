@@ -1,11 +1,9 @@
 #include "tandem/launch/launch_options.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/cuda.h>
-#include <unistd.h>
 
 #include <set>
 
@@ -38,19 +36,14 @@ std::vector<int> parse_gpu_list(const std::string& text) {
 
 int visible_gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
 
-int pick_free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw CommError("cannot open a socket to find a free port; pass --master-port");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(fd);
-  if (!ok) throw CommError("cannot find a free port on 127.0.0.1; pass --master-port");
-  return ntohs(address.sin_port);
+namespace {
+
+bool is_ipv4_loopback(const std::string& address) {
+  in_addr parsed{};
+  return ::inet_pton(AF_INET, address.c_str(), &parsed) == 1 && (ntohl(parsed.s_addr) >> 24) == 127;
 }
+
+}  // namespace
 
 LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
   LaunchPlan plan;
@@ -91,13 +84,17 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
   }
   plan.master_addr = options.master_addr.value_or("127.0.0.1");
   if (plan.master_addr.empty()) throw InvalidArgument("--master-addr must not be empty");
+  if (plan.nnodes == 1 && !is_ipv4_loopback(plan.master_addr)) {
+    throw InvalidArgument(fmt::format(
+        "--master-addr {} with --nnodes 1: the rendezvous of one node stays on this machine; give a loopback "
+        "address such as 127.0.0.1, or leave --master-addr out",
+        plan.master_addr));
+  }
 
   const int port = options.master_port.value_or(0);
   if (port < 0 || port > 65535) throw InvalidArgument(fmt::format("--master-port {} is outside 0..65535", port));
-  if (port != 0) {
+  if (port != 0 || plan.nnodes == 1) {
     plan.master_port = port;
-  } else if (plan.nnodes == 1) {
-    plan.master_port = pick_free_port();
   } else if (!options.master_port) {
     plan.master_port = comm::kDefaultMasterPort;
   } else {

@@ -12,10 +12,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <vector>
 
 #include "tandem/launch/line_buffer.h"
+#include "tandem/launch/local_store.h"
 #include "tandem/launch/worker_environment.h"
 #include "tandem/util/error.h"
 
@@ -120,7 +122,9 @@ struct Worker {
 
 class Supervisor {
  public:
-  explicit Supervisor(const LaunchPlan& plan) : plan_(plan) {}
+  // `store_variables`: what leads the workers to the launcher's rendezvous store, on top of the plan's variables.
+  Supervisor(const LaunchPlan& plan, std::map<std::string, std::string> store_variables)
+      : plan_(plan), store_variables_(std::move(store_variables)) {}
   ~Supervisor() {
     for (Worker& worker : workers_) {
       for (int fd : {worker.out.fd, worker.err.fd, worker.log_fd}) {
@@ -159,6 +163,7 @@ class Supervisor {
 
   std::vector<std::string> environment_for(int local_rank) const {
     auto overrides = worker_environment(plan_, local_rank, comm::process_environment(), usable_cpu_count());
+    overrides.insert(store_variables_.begin(), store_variables_.end());
     std::vector<std::string> entries;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       std::string text(*entry);
@@ -443,6 +448,7 @@ class Supervisor {
   enum class Phase { kRunning, kStopping, kKilling };
 
   const LaunchPlan& plan_;
+  const std::map<std::string, std::string> store_variables_;
   SignalRelay signals_;
   const int signal_fd_ = signals_.fd();
   std::vector<Worker> workers_;
@@ -487,7 +493,15 @@ std::string WorkerExit::describe() const {
 }
 
 int launch(const LaunchPlan& plan) {
-  Supervisor supervisor(plan);
+  if (plan.nnodes > 1) {
+    Supervisor supervisor(plan, {});
+    return supervisor.run();
+  }
+  // One node: the launcher serves the rendezvous store, on loopback, until every worker is gone.
+  LocalStore store(plan.master_addr, plan.master_port);
+  LaunchPlan local = plan;
+  local.master_port = store.port();
+  Supervisor supervisor(local, store.worker_variables());
   return supervisor.run();
 }
 

@@ -67,6 +67,20 @@ TEST(RankLayout, ReadsTorchrunVariables) {
   EXPECT_EQ(layout.node_rank, 1);
   EXPECT_EQ(layout.master_addr, "10.0.0.1");
   EXPECT_EQ(layout.master_port, 1234);
+  EXPECT_FALSE(layout.launcher_serves_store);
+  EXPECT_EQ(layout.store_file, "");
+}
+
+TEST(RankLayout, ReadsWhereTheLauncherKeepsTheStore) {
+  RankLayout agent = detect_rank_layout({}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                      {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  EXPECT_TRUE(agent.launcher_serves_store);
+  RankLayout not_agent = detect_rank_layout({}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                          {"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
+  EXPECT_FALSE(not_agent.launcher_serves_store);
+  RankLayout file = detect_rank_layout({}, fake_env({{"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                                     {"TANDEM_STORE_FILE", "/tmp/tandem-run-x/store"}}));
+  EXPECT_EQ(file.store_file, "/tmp/tandem-run-x/store");
 }
 
 TEST(RankLayout, ReadsSlurmWithCompressedNodeListAndTaskCounts) {

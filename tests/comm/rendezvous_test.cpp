@@ -1,12 +1,10 @@
 // The rendezvous's failure cases, which users meet first: a rank that never joins must end in a TimeoutError
 // naming it, not a hang; a rendezvous port that is taken must be named in the error.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <iostream>
 
+#include "support/listening_sockets.h"
 #include "support/processes.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/rendezvous.h"
@@ -43,31 +41,8 @@ TEST(Rendezvous, MissingRankTimesOutNamingIt) {
   }
 }
 
-// Holds a listening socket on a port of 127.0.0.1 for the test's lifetime.
-class BusyPort {
- public:
-  BusyPort() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t length = sizeof(address);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || ::listen(fd_, 1) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      throw std::runtime_error("cannot hold a port for the test");
-    }
-    port_ = ntohs(address.sin_port);
-  }
-  ~BusyPort() { ::close(fd_); }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 TEST(Rendezvous, BusyPortIsNamedInTheError) {
-  BusyPort busy;
+  testing::HeldPort busy;
   comm::RankLayout layout;
   layout.rank = 0;
   layout.world_size = 2;

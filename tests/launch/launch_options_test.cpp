@@ -44,14 +44,20 @@ TEST(PlanLaunch, DefaultsToOneWorkerPerGpuElseOne) {
   EXPECT_EQ(plan_launch(listed, 8).nproc_per_node, 2);
 }
 
-TEST(PlanLaunch, PicksAPortOnOneNodeAndTheAgreedDefaultOnSeveral) {
+TEST(PlanLaunch, LeavesTheFreePortOfOneNodeToTheLauncherAndAgreesOnOneForSeveral) {
+  // 0: launch() binds a free port when it starts the store, and holds it; the plan binds nothing.
   LaunchPlan single = plan_launch(with_command(), 0);
-  EXPECT_GT(single.master_port, 0);
+  EXPECT_EQ(single.master_port, 0);
   EXPECT_EQ(single.master_addr, "127.0.0.1");
 
   LaunchOptions zero = with_command();
   zero.master_port = 0;
-  EXPECT_GT(plan_launch(zero, 0).master_port, 0);
+  EXPECT_EQ(plan_launch(zero, 0).master_port, 0);
+
+  LaunchOptions given = with_command();
+  given.master_port = 29511;
+  given.master_addr = "127.0.0.2";
+  EXPECT_EQ(plan_launch(given, 0).master_port, 29511);
 
   LaunchOptions multi = with_command();
   multi.nnodes = 2;
@@ -92,6 +98,13 @@ TEST(PlanLaunch, RejectsImpossibleLayouts) {
   options = with_command();
   options.master_port = 70000;
   expect_invalid(options, 0, "--master-port 70000");
+
+  // One node's store stays on this machine.
+  for (const std::string address : {"10.0.0.1", "0.0.0.0", "localhost", "::1"}) {
+    options = with_command();
+    options.master_addr = address;
+    expect_invalid(options, 0, "--master-addr " + address + " with --nnodes 1");
+  }
 
   options = with_command();
   options.nproc_per_node = 0;

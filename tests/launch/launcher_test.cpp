@@ -1,20 +1,24 @@
-// `tandem run` as users run it: the real program starting real workers (small shell scripts). Every run has a
-// deadline well below the workers' `sleep 30`, so a launcher that fails to stop them fails the test by timing
-// out rather than by a timing threshold. Workers write their pids to files, so the tests can check that none
-// is left once tandem run has returned.
+// `tandem run` as users run it: the real program starting real workers (small shell scripts, or this test
+// binary joining the rendezvous). Every run has a deadline well below the workers' `sleep 30`, so a launcher
+// that fails to stop them fails the test by timing out rather than by a timing threshold. Workers write their
+// pids to files, so the tests can check that none is left once tandem run has returned.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "support/listening_sockets.h"
 #include "support/processes.h"
+#include "tandem/comm/process_group.h"
 #include "tandem/launch/worker_environment.h"
 
 namespace tandem {
@@ -216,6 +220,88 @@ TEST(TandemRun, BadCommandLinesGiveOneLineAndFail) {
     EXPECT_TRUE(contains(result.output, c.needle)) << result.output;
     EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
   }
+}
+
+// The rendezvous of a single-node run, seen from its ranks (this binary, started by `tandem run`).
+
+InitOptions worker_init_options() {
+  InitOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(15);
+  return options;
+}
+
+int master_port() { return std::stoi(std::getenv("MASTER_PORT")); }
+
+// Joins, then prints every socket that listens on MASTER_PORT or is held by this rank or by its launcher (its
+// parent), as "listening ADDRESS:PORT loopback|EXPOSED", then "looked". The barrier keeps every rank's store
+// and communicator up until all have looked.
+TEST(ListeningSocketsWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "a rank of TandemRun.SingleNodeRunListensOnLoopbackOnly";
+  init_process_group(worker_init_options());
+  std::set<unsigned long> ours = testing::open_socket_inodes(::getpid());
+  std::set<unsigned long> launchers = testing::open_socket_inodes(::getppid());
+  ours.insert(launchers.begin(), launchers.end());
+  for (const testing::ListeningSocket& socket : testing::listening_sockets()) {
+    if (socket.port != master_port() && ours.count(socket.inode) == 0) continue;
+    std::cout << "listening " << socket.describe() << (socket.loopback ? " loopback" : " EXPOSED") << std::endl;
+  }
+  std::cout << "looked" << std::endl;
+  barrier();
+  destroy_process_group();
+}
+
+TEST(TandemRun, SingleNodeRunListensOnLoopbackOnly) {
+  ProcessResult result =
+      testing::run_launched_worker_ranks({"--nproc-per-node", "2"}, "ListeningSocketsWorker.Run", kDeadline);
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(contains(result.output, "[" + rank + "] looked\n")) << result.output;
+  }
+  std::regex listening("\\[(\\d)\\] listening (\\S+) (loopback|EXPOSED)\n");
+  for (std::sregex_iterator it(result.output.begin(), result.output.end(), listening), end; it != end; ++it) {
+    EXPECT_EQ((*it)[3], "loopback") << "rank " << (*it)[1] << " sees " << (*it)[2]
+                                    << " listening beyond this machine:\n"
+                                    << result.output;
+  }
+}
+
+// Before joining, takes MASTER_PORT on 127.0.0.1 as another job would that was handed the same port in the gap
+// after the launcher chose it, and keeps it while joining.
+TEST(PortTakerWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "a rank of TandemRun.RendezvousPortCannotBeTakenFromARun";
+  testing::HeldPort taker(master_port());
+  // Where the launcher serves the store on MASTER_PORT (torchrun's agent store), it has held the port since it
+  // chose it. Elsewhere the ranks must not depend on the port staying free.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (agent_store != nullptr && std::string(agent_store) == "True") {
+    EXPECT_FALSE(taker.held()) << "took port " << master_port() << " from under the launcher's store";
+  }
+  init_process_group(worker_init_options());
+  barrier();
+  destroy_process_group();
+  std::cout << "joined" << std::endl;
+}
+
+TEST(TandemRun, RendezvousPortCannotBeTakenFromARun) {
+  ProcessResult result =
+      testing::run_launched_worker_ranks({"--nproc-per-node", "2"}, "PortTakerWorker.Run", kDeadline);
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(contains(result.output, "[" + rank + "] joined\n")) << result.output;
+  }
+}
+
+TEST(TandemRun, BusyMasterPortOnOneNodeIsOneLineNamingIt) {
+  testing::HeldPort busy;
+  const std::string port = std::to_string(busy.port());
+  ProcessResult result = tandem_run({"--nproc-per-node", "2", "--master-port", port, "--", "true"});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "--master-port " + port)) << result.output;
+  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
 }
 
 }  // namespace

@@ -158,6 +158,18 @@ std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& w
   return results;
 }
 
+ProcessResult run_launched_worker_ranks(const std::vector<std::string>& launcher_args, const std::string& worker_test,
+                                        std::chrono::milliseconds deadline,
+                                        const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> worker_env = env;
+  worker_env["TANDEM_TEST_WORKER"] = "1";
+  worker_env.emplace("OMP_NUM_THREADS", "1");
+  std::vector<std::string> argv{tandem_cli(), "run"};
+  argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+  argv.insert(argv.end(), {"--", self_executable(), "--gtest_filter=" + worker_test});
+  return run_process(argv, worker_env, deadline);
+}
+
 ProcessResult run_mpirun_ranks(int world_size, const std::string& worker_test, std::chrono::milliseconds deadline,
                                const std::map<std::string, std::string>& env) {
   std::map<std::string, std::string> worker_env = env;

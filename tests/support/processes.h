@@ -48,6 +48,13 @@ std::vector<ProcessResult> run_worker_ranks(int world_size, const std::string& w
                                             std::chrono::milliseconds deadline = std::chrono::seconds(120),
                                             const std::map<std::string, std::string>& env = {});
 
+// Runs `tandem run LAUNCHER_ARGS -- THIS_TEST_BINARY --gtest_filter=worker_test`, so that the launcher sets up the
+// ranks as it does for users; the workers get TANDEM_TEST_WORKER=1 and OMP_NUM_THREADS=1. Returns the
+// launcher's result, whose output holds every rank's lines prefixed "[rank] ".
+ProcessResult run_launched_worker_ranks(const std::vector<std::string>& launcher_args, const std::string& worker_test,
+                                        std::chrono::milliseconds deadline = std::chrono::seconds(120),
+                                        const std::map<std::string, std::string>& env = {});
+
 // Starts world_size ranks of this test binary through Open MPI's `mpirun` (allowed to run as root and to
 // oversubscribe the cores, as in CI containers), each running only `worker_test` with TANDEM_TEST_WORKER=1
 // and OMP_NUM_THREADS=1; returns mpirun's result, whose output holds every rank's.

@@ -18,6 +18,12 @@ struct RankLayout {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher serves the store at master_addr:master_port (torchrun's agent
+  // store, `tandem run` on one node), so rank 0 connects to it like every other rank instead of serving one.
+  bool launcher_serves_store = false;
+  // TANDEM_STORE_FILE: the FileStore that `tandem run` made for a single-node run where LibTorch's TCPStore
+  // cannot be kept on loopback (docs/launcher.md); env:// uses it instead of master_addr:master_port.
+  std::string store_file;
   // Which source the layout came from: "explicit", "env", "slurm", "openmpi" or "single".
   std::string source = "single";
 

@@ -16,10 +16,11 @@ struct LaunchOptions {
   std::optional<int> nproc_per_node;
   int nnodes = 1;
   int node_rank = 0;
-  // Absent: 127.0.0.1 on a single node; required with nnodes > 1 (every node must name the same host).
+  // Absent: 127.0.0.1 on a single node, where it must be an IPv4 loopback address (the store stays on this
+  // machine); required with nnodes > 1 (every node must name the same host).
   std::optional<std::string> master_addr;
-  // Absent or 0 on a single node: a free port on this machine. Absent with nnodes > 1: kDefaultMasterPort,
-  // because the other nodes cannot learn a port picked here.
+  // Absent or 0 on a single node: a free port on this machine, which launch() binds for its store. Absent with
+  // nnodes > 1: kDefaultMasterPort, because the other nodes cannot learn a port picked here.
   std::optional<int> master_port;
   // Non-empty: each rank's output is also written to log_dir/rank<r>.log.
   std::string log_dir;
@@ -36,6 +37,7 @@ struct LaunchPlan {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
+  // 0 on a single node: launch() binds a free one.
   int master_port = 0;
   std::string log_dir;
   std::vector<int> gpus;
@@ -49,7 +51,8 @@ struct LaunchPlan {
 };
 
 // Fills in the defaults and checks the options; throws InvalidArgument with one line naming the flag. gpu_count
-// is the number of visible GPUs (a parameter so tests need no GPU); a free port is picked only when needed.
+// is the number of visible GPUs (a parameter so tests need no GPU). Binds nothing: on one node, launch() binds
+// the master port when it starts the store.
 LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count);
 
 // "2,7" -> {2, 7}; "" -> {}. Throws InvalidArgument naming the entry that is not a GPU index.
@@ -57,8 +60,5 @@ std::vector<int> parse_gpu_list(const std::string& text);
 
 // The number of GPUs LibTorch sees (0 on a CPU-only build).
 int visible_gpu_count();
-
-// A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it a little later, as torchrun does).
-int pick_free_port();
 
 }  // namespace tandem::launch

@@ -29,8 +29,9 @@ std::string signal_name(int signal);
 // process groups is gone. Worker output goes to this process's stdout/stderr with a "[rank] " prefix (and to
 // the rank's log file). Returns the exit code for `tandem run`: 0 when all succeeded, the failed worker's
 // shell_code(), 128 + signal when the launcher was signalled, 127 (126) when the command cannot be found
-// (executed). Those outcomes are reported on stderr in one line starting "tandem run: ". Throws Error when the
-// log directory cannot be created.
+// (executed). Those outcomes are reported on stderr in one line starting "tandem run: ". On one node it first
+// starts the workers' rendezvous store (local_store.h). Throws Error when the log directory cannot be created,
+// CommError when the store's port cannot be bound; no worker has started then.
 int launch(const LaunchPlan& plan);
 
 }  // namespace tandem::launch

@@ -7,11 +7,14 @@
 // del_post_hook, impl::grad_accumulator() returns the leaf's AccumulateGrad node (held by the tensor only
 // weakly) and Engine::queue_callback runs a callback when the current backward finishes. 2.x adds a
 // non-pure FunctionPostHook::compiled_args (compiled autograd), which tandem's hooks do not support.
+// c10d's TCPStore.hpp: 1.13's TCPStoreOptions has port, isServer, numWorkers, waitWorkers, timeout and
+// multiTenant; 2.x adds masterListenFd and useLibUV.
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
@@ -89,6 +92,21 @@ inline void release_communicators(C10dBackend& group) {
   group.abort();
 #else
   (void)group;
+#endif
+}
+
+// Makes `options` serve a TCPStore from `listen_fd`, a socket the caller has bound and listens on; the store
+// then owns it and closes it when it goes. Returns false, leaving `options` alone, where c10d cannot: 1.13's
+// TCPStore always binds its port itself, on every interface, and 2.x's default libuv backend takes
+// masterListenFd only from 2.8 on (pytorch/pytorch#150215).
+inline bool serve_from_listening_socket(c10d::TCPStoreOptions& options, int listen_fd) {
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 8)
+  options.masterListenFd = listen_fd;
+  return true;
+#else
+  (void)options;
+  (void)listen_fd;
+  return false;
 #endif
 }
 
