@@ -33,6 +33,9 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
     throw InvalidArgument(fmt::format("bucket_cap_mb ({}) and first_bucket_cap_mb ({}) must be positive",
                                       options_.bucket_cap_mb, options_.first_bucket_cap_mb));
   }
+  if (options_.check_replicas_every < 0) {
+    throw InvalidArgument(fmt::format("check_replicas_every must be >= 0 (0: never), got {}", options_.check_replicas_every));
+  }
   if (!options_.comm_hook) options_.comm_hook = make_average_hook();
   if (communicator_) {
     rank_ = communicator_->rank();
@@ -55,16 +58,21 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
 
   verify_replicas_match(*communicator_, parameters, buffers,
                         fmt::format("bucket_cap_mb={} first_bucket_cap_mb={} broadcast_buffers={} "
-                                    "find_unused_parameters={} gradient_as_bucket_view={} comm_hook={}",
+                                    "find_unused_parameters={} gradient_as_bucket_view={} comm_hook={} "
+                                    "check_replicas_every={}",
                                     options_.bucket_cap_mb, options_.first_bucket_cap_mb, options_.broadcast_buffers,
                                     options_.find_unused_parameters, options_.gradient_as_bucket_view,
-                                    options_.comm_hook->name()));
+                                    options_.comm_hook->name(), options_.check_replicas_every));
   std::vector<torch::Tensor> state = parameters.values();
   for (const auto& buffer : buffers.values()) state.push_back(buffer);
   CoalescedBroadcaster(state).broadcast(*communicator_, 0);
   if (options_.broadcast_buffers && !buffers.is_empty()) {
     buffer_broadcaster_ = std::make_unique<CoalescedBroadcaster>(buffers.values());
     if (buffer_broadcaster_->empty()) buffer_broadcaster_.reset();
+  }
+  if (options_.check_replicas_every > 0) {
+    checked_state_ = parameters;
+    if (options_.broadcast_buffers) checked_state_.update(buffers);
   }
 
   tail_numel_ = world_size_ + (options_.find_unused_parameters ? static_cast<int64_t>(params_.size()) : 0);
@@ -137,7 +145,13 @@ void Reducer::prepare_for_forward() {
     if (!torch::GradMode::is_enabled()) return;
     sync_this_iteration_ = require_sync_;
   }
-  if (sync_this_iteration_ && buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
+  if (!sync_this_iteration_) return;
+  if (buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
+  ++synchronised_forwards_;
+  if (options_.check_replicas_every > 0 && synchronised_forwards_ % options_.check_replicas_every == 0) {
+    verify_replicas_hold_same_values(*communicator_, checked_state_,
+                                     fmt::format("at synchronised forward {}", synchronised_forwards_));
+  }
 }
 
 void Reducer::watch_output(const torch::Tensor& output) {

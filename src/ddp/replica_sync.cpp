@@ -65,6 +65,29 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
       first, detail));
 }
 
+void verify_replicas_hold_same_values(comm::Communicator& communicator,
+                                      const torch::OrderedDict<std::string, torch::Tensor>& tensors,
+                                      const std::string& when) {
+  torch::Tensor fingerprints = torch::empty({static_cast<int64_t>(tensors.size())}, torch::kLong);
+  int64_t* out = fingerprints.data_ptr<int64_t>();
+  for (const auto& item : tensors) {
+    const torch::Tensor bytes = item.value().detach().to(torch::kCPU).contiguous();
+    *out++ = static_cast<int64_t>(Fingerprint().add(bytes.data_ptr(), bytes.numel() * bytes.element_size()).value());
+  }
+  const std::vector<torch::Tensor> all = comm::all_gather_values(communicator, fingerprints);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<std::string> per_rank;
+    for (const auto& rank_fingerprints : all) {
+      per_rank.push_back(fmt::format("{:016x}", static_cast<uint64_t>(rank_fingerprints[i].item<int64_t>())));
+    }
+    if (std::all_of(per_rank.begin(), per_rank.end(), [&](const std::string& f) { return f == per_rank[0]; })) continue;
+    throw ReplicaDivergenceError(fmt::format(
+        "DistributedDataParallel: the ranks' replicas differ {}, first in '{}' ({}); stopping every rank. A rank "
+        "changed its weights alone, or a gradient all-reduce was skipped; restart from the last checkpoint",
+        when, tensors[i].key(), comm::describe_rank_groups(per_rank)));
+  }
+}
+
 CoalescedBroadcaster::CoalescedBroadcaster(std::vector<torch::Tensor> tensors) {
   std::map<std::pair<int, std::string>, size_t> group_of;
   for (auto& tensor : tensors) {

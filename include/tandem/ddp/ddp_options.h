@@ -25,6 +25,12 @@ struct DdpOptions {
   bool gradient_as_bucket_view = false;
   // How each bucket is reduced; null means plain averaging (make_average_hook()).
   std::shared_ptr<CommHook> comm_hook;
+  // Every this many synchronised forwards, the ranks compare a fingerprint of their parameters' bytes (and of
+  // the buffers, when broadcast_buffers makes them equal) and every rank stops with an error naming the ranks
+  // whose replicas differ. Replicas that drift apart (a skipped all-reduce, a rank that changed its weights
+  // alone) otherwise train on silently. 0: never. Costs one copy to the host and one hash of the model, plus one
+  // small all-gather, per check.
+  int64_t check_replicas_every = 0;
 };
 
 }  // namespace tandem::ddp

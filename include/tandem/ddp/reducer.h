@@ -42,7 +42,9 @@ class Reducer {
 
   // Call right before the module's forward. Collective when buffers are broadcast (grad mode on, synchronised
   // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync);
-  // a forward with grad mode off changes nothing, since no backward can follow it. Throws CommError once a
+  // a forward with grad mode off changes nothing, since no backward can follow it. Every
+  // check_replicas_every synchronised forwards it compares the replicas (ReplicaDivergenceError if they
+  // differ). Throws CommError once a
   // backward on this rank stopped half way or a gradient all-reduce failed: the ranks' collectives are then
   // out of step, and only a restart helps.
   void prepare_for_forward();
@@ -97,6 +99,10 @@ class Reducer {
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<CoalescedBroadcaster> buffer_broadcaster_;
+  // What check_replicas_every compares: every parameter, and the buffers when they are broadcast (otherwise
+  // each rank's BatchNorm statistics are its own and differ by design).
+  torch::OrderedDict<std::string, torch::Tensor> checked_state_;
+  int64_t synchronised_forwards_ = 0;
 
   // Last bucket's tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
   // find_unused_parameters), then, with find_unused_parameters, one "used since the last sync" flag per

@@ -17,6 +17,13 @@ namespace tandem::ddp {
 void verify_replicas_match(comm::Communicator& communicator, const torch::OrderedDict<std::string, torch::Tensor>& parameters,
                            const torch::OrderedDict<std::string, torch::Tensor>& buffers, const std::string& settings);
 
+// Collective. Compares a fingerprint of each tensor's bytes across the ranks with one all-gather of a few bytes
+// per tensor; if any rank differs, every rank throws the same ReplicaDivergenceError naming the first tensor
+// that differs, the ranks on each side and `when` (e.g. "at synchronised forward 300").
+void verify_replicas_hold_same_values(comm::Communicator& communicator,
+                                      const torch::OrderedDict<std::string, torch::Tensor>& tensors,
+                                      const std::string& when);
+
 // Copies root's values of a fixed list of tensors to every rank with one broadcast per (dtype, device), through
 // flat staging buffers that are allocated once and reused (buffers are re-broadcast at every forward).
 class CoalescedBroadcaster {

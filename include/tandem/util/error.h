@@ -38,6 +38,12 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+// The ranks' replicas of a model hold different values, so the ranks no longer train one model.
+class ReplicaDivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A broken invariant inside tandem (a bug), raised by TANDEM_CHECK.
 class InternalError : public Error {
  public:
