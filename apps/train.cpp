@@ -89,8 +89,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--strict", o.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
-  command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>)");
-  command.add_flag("--resume", o.resume, "continue from the newest checkpoint in --run-dir (default: the newest run)");
+  command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>); a run dir that holds a checkpoint is continued from its newest one");
+  command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
+  command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(CLI::NonNegativeNumber);
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str();

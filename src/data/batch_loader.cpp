@@ -1,5 +1,6 @@
 #include "tandem/data/batch_loader.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "tandem/util/error.h"
@@ -59,13 +60,15 @@ Batch BatchLoader::load(const IndexBatch& index_batch) const {
   return batch;
 }
 
-void BatchLoader::start_epoch(int64_t epoch) {
+void BatchLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  if (first_batch < 0) throw InvalidArgument(detail::concat("BatchLoader: first_batch must be >= 0, got ", first_batch));
   stop_worker();
   sampler_.set_epoch(epoch);
   epoch_started_ = true;
   epoch_done_ = false;
   wait_seconds_ = 0.0;
   std::vector<IndexBatch> batches = sampler_.batches();
+  batches.erase(batches.begin(), batches.begin() + std::min<int64_t>(first_batch, batches.size()));
   if (options_.prefetch_batches == 0) {
     sync_batches_ = std::move(batches);
     sync_position_ = 0;

@@ -1,8 +1,12 @@
 #include "tandem/train/checkpoint.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string_view>
 #include <tuple>
@@ -96,6 +100,11 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
       {"sampler_seed", std::to_string(state.sampler_seed)},
       {"world_size", std::to_string(state.world_size)},
   };
+  if (state.batches_done > 0) {
+    meta["epoch_loss_sum"] = format_double(state.epoch_loss_sum);
+    meta["epoch_steps"] = std::to_string(state.epoch_steps);
+    meta["epoch_train_seconds"] = format_double(state.epoch_train_seconds);
+  }
   save_safetensors(path, tensors, meta);
 }
 
@@ -116,6 +125,13 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
     state.epochs = std::stoi(get_meta(file, "epochs", path));
     state.sampler_seed = std::stoull(get_meta(file, "sampler_seed", path));
     state.world_size = std::stoi(get_meta(file, "world_size", path));
+    // Mid-epoch checkpoints of older tandems lack the epoch's progress; its metrics line then covers only the
+    // batches trained after the resume.
+    if (file.metadata.count("epoch_steps")) {
+      state.epoch_loss_sum = std::stod(get_meta(file, "epoch_loss_sum", path));
+      state.epoch_steps = std::stoll(get_meta(file, "epoch_steps", path));
+      state.epoch_train_seconds = std::stod(get_meta(file, "epoch_train_seconds", path));
+    }
   } catch (const std::logic_error& error) {  // stoi & co on a damaged value
     throw InvalidArgument(path + ": checkpoint metadata holds a malformed number");
   }
@@ -159,12 +175,12 @@ std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batch
   return run_dir + "/" + name;
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   DIR* dir = ::opendir(run_dir.c_str());
-  if (!dir) return std::nullopt;
+  if (!dir) return {};
   // Training order is (epoch, batch) read as numbers: the zero padding is only as wide as checkpoint_path makes
   // it, and a name written by hand may have none, so "10" must not sort before "9". The name breaks ties.
-  std::optional<std::tuple<int, long long, std::string>> newest;
+  std::vector<std::tuple<int, long long, std::string>> found;
   while (dirent* entry = ::readdir(dir)) {
     std::string name = entry->d_name;
     int epoch = 0;
@@ -173,13 +189,44 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
     // Exactly checkpoint-EEEE-BBBBBBBB.safetensors; temp files carry a ".tmp.<pid>" suffix and fail the match.
     if (std::sscanf(name.c_str(), "checkpoint-%d-%lld.%31s", &epoch, &batches, tail) == 3 &&
         std::string(tail) == "safetensors") {
-      std::tuple<int, long long, std::string> candidate{epoch, batches, std::move(name)};
-      if (!newest || candidate > *newest) newest = std::move(candidate);
+      found.emplace_back(epoch, batches, std::move(name));
     }
   }
   ::closedir(dir);
-  if (!newest) return std::nullopt;
-  return run_dir + "/" + std::get<2>(*newest);
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (const auto& entry : found) paths.push_back(run_dir + "/" + std::get<2>(entry));
+  return paths;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+  std::vector<std::string> checkpoints = list_checkpoints(run_dir);
+  if (checkpoints.empty()) return std::nullopt;
+  return checkpoints.back();
+}
+
+void remove_unfinished_checkpoints(const std::string& run_dir) {
+  DIR* dir = ::opendir(run_dir.c_str());
+  if (!dir) return;
+  std::vector<std::string> unfinished;
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("checkpoint-", 0) == 0 && name.find(".safetensors.tmp.") != std::string::npos) {
+      unfinished.push_back(run_dir + "/" + name);
+    }
+  }
+  ::closedir(dir);
+  for (const std::string& path : unfinished) ::unlink(path.c_str());
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep) {
+  if (keep <= 0) return;
+  const std::vector<std::string> checkpoints = list_checkpoints(run_dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < checkpoints.size(); ++i) {
+    if (::unlink(checkpoints[i].c_str()) != 0 && errno != ENOENT) {
+      throw Error("cannot remove the old checkpoint " + checkpoints[i] + ": " + std::strerror(errno));
+    }
+  }
 }
 
 std::string newest_run_dir(const std::string& runs_dir) {

@@ -1,7 +1,9 @@
 #include "tandem/train/metrics.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tandem/util/error.h"
@@ -23,7 +25,21 @@ std::string to_json_line(const EpochMetrics& m) {
   return line.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int first_epoch) : path_(path) {
+  if (std::ifstream existing{path}) {
+    std::string kept;
+    for (std::string line; std::getline(existing, line);) {
+      const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object() && parsed.value("epoch", first_epoch) < first_epoch) kept += line + "\n";
+    }
+    const std::string temp = path + ".tmp";
+    std::ofstream rewritten(temp, std::ios::trunc);
+    rewritten << kept;
+    rewritten.close();
+    if (!rewritten || std::rename(temp.c_str(), path.c_str()) != 0) {
+      throw Error("cannot rewrite metrics file " + path + ": " + std::strerror(errno));
+    }
+  }
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) throw Error("cannot open metrics file " + path + ": " + std::strerror(errno));
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <set>
 
 #include "tandem/util/error.h"
+#include "tandem/util/fault_injection.h"
 
 namespace tandem::train {
 namespace {
@@ -166,13 +168,17 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   unsigned char size_bytes[8];
   for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
 
+  static std::atomic<int64_t> files_written{0};
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_io("cannot create", temp);
   try {
     write_all(fd, size_bytes, sizeof size_bytes, temp);
     write_all(fd, text.data(), text.size(), temp);
-    for (const auto& t : contiguous) write_all(fd, t.data_ptr(), t.numel() * t.element_size(), temp);
+    for (size_t i = 0; i < contiguous.size(); ++i) {
+      if (i == contiguous.size() / 2) fault::kill_point("safetensors-write", ++files_written);
+      write_all(fd, contiguous[i].data_ptr(), contiguous[i].numel() * contiguous[i].element_size(), temp);
+    }
     if (::fsync(fd) != 0) throw_io("cannot fsync", temp);
   } catch (...) {
     ::close(fd);

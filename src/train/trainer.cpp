@@ -30,6 +30,7 @@
 #include "tandem/train/progress.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/compat.h"
+#include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
 
 namespace tandem::train {
@@ -269,6 +270,11 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("save weights", o.save_weights.empty() ? "no" : o.save_weights);
   line("run dir", o.run_dir);
   line("resume", o.resume ? "yes" : "no");
+  line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
+  line("checkpoints", !o.checkpoint ? "none"
+                      : fmt::format("at epoch ends{}; the newest {} kept",
+                                    o.checkpoint_every > 0 ? fmt::format(" and every {} steps", o.checkpoint_every) : "",
+                                    o.keep_checkpoints > 0 ? std::to_string(o.keep_checkpoints) : "all"));
   return out;
 }
 
@@ -288,13 +294,12 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   on_all_ranks(communicator, "to prepare the run directory", [&] {
     if (!is_main) return;
     if (options.run_dir.empty()) options.run_dir = options.resume ? newest_run_dir("runs") : timestamped_run_dir();
-    if (options.resume) {
-      if (options.run_dir.empty()) throw InvalidArgument("--resume: no run under runs/ holds a checkpoint; pass --run-dir");
-      auto latest = find_latest_checkpoint(options.run_dir);
-      if (!latest) throw InvalidArgument("--resume: no checkpoint in " + options.run_dir);
-      resume_from = *latest;
-    }
+    if (options.run_dir.empty()) throw InvalidArgument("--resume: no run under runs/ holds a checkpoint; pass --run-dir");
+    auto latest = find_latest_checkpoint(options.run_dir);
+    if (options.resume && !latest) throw InvalidArgument("--resume: no checkpoint in " + options.run_dir);
+    if (latest) resume_from = *latest;
     make_dirs(options.run_dir);
+    remove_unfinished_checkpoints(options.run_dir);
   });
   options.run_dir = broadcast_string(options.run_dir, communicator);
   resume_from = broadcast_string(resume_from, communicator);
@@ -340,7 +345,10 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   }
   // Onto the rank's device after every swap and freeze, before DDP forms its buckets on the gradients' device.
   module.to(options.device);
-  ddp::DistributedDataParallel<nn::ModelHolder> ddp_model(nn::ModelHolder(model.module), communicator_ptr);
+  ddp::DdpOptions ddp_options;
+  ddp_options.check_replicas_every = options.check_replicas_every;
+  ddp::DistributedDataParallel<nn::ModelHolder> ddp_model(nn::ModelHolder(model.module), communicator_ptr,
+                                                          ddp_options);
 
   std::vector<torch::Tensor> trainable;
   for (auto& p : module.parameters()) {
@@ -351,24 +359,22 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
                                              .momentum(options.momentum)
                                              .weight_decay(options.weight_decay));
 
-  int start_epoch = 0;
-  int64_t skip_batches = 0, step = 0;
+  CheckpointState resumed;
   if (!resume_from.empty()) {
-    CheckpointState state;
     on_all_ranks(communicator, "to load the checkpoint", [&] {
-      state = load_checkpoint(resume_from, module, optimizer);
-      if (state.world_size != world || state.sampler_seed != options.seed || state.epochs != options.epochs) {
+      resumed = load_checkpoint(resume_from, module, optimizer);
+      if (resumed.world_size != world || resumed.sampler_seed != options.seed || resumed.epochs != options.epochs) {
         throw InvalidArgument(fmt::format(
             "{} was written by a run with world size {}, --seed {}, --epochs {}; resume with the same values "
-            "(now {}, {}, {})",
-            resume_from, state.world_size, state.sampler_seed, state.epochs, world, options.seed, options.epochs));
+            "(now {}, {}, {}), or start a new run in another --run-dir",
+            resume_from, resumed.world_size, resumed.sampler_seed, resumed.epochs, world, options.seed,
+            options.epochs));
       }
     });
-    start_epoch = state.epoch;
-    skip_batches = state.batches_done;
-    step = state.step;
-    log::main_info("resuming from {} (epoch {}, batch {}, step {})", resume_from, start_epoch, skip_batches, step);
+    log::main_info("resuming from {} (epoch {}, batch {}, step {})", resume_from, resumed.epoch,
+                   resumed.batches_done, resumed.step);
   }
+  int64_t step = resumed.step;
 
   data::DistributedSamplerOptions train_sampling{world, rank, options.shuffle, options.seed, false};
   data::BatchLoader train_loader(train_set,
@@ -387,7 +393,9 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   }
 
   std::unique_ptr<MetricsWriter> metrics;
-  if (is_main) metrics = std::make_unique<MetricsWriter>(options.run_dir + "/metrics.jsonl");
+  on_all_ranks(communicator, "to open metrics.jsonl", [&] {
+    if (is_main) metrics = std::make_unique<MetricsWriter>(options.run_dir + "/metrics.jsonl", resumed.epoch);
+  });
   ProgressOptions progress_options;
   progress_options.enabled = is_main && options.progress;
   ProgressReporter progress(options.epochs, batches_per_epoch, options.batch_size * world, progress_options);
@@ -395,23 +403,53 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   TrainResult result;
   result.run_dir = options.run_dir;
   const auto forward = [&](const torch::Tensor& x) { return ddp_model.forward(x); };
+  // Rank 0 writes the checkpoint; every rank learns whether it worked.
+  const auto write_checkpoint = [&](const CheckpointState& state) {
+    on_all_ranks(communicator, "to write the checkpoint", [&] {
+      if (!is_main || !options.checkpoint) return;
+      save_checkpoint(checkpoint_path(options.run_dir, state.epoch, state.batches_done), module, optimizer, state);
+      prune_checkpoints(options.run_dir, options.keep_checkpoints);
+    });
+  };
+  // The run's state after `batches_done` batches of `epoch`, with that epoch's loss and time so far.
+  const auto checkpoint_state = [&](int epoch, int64_t batches_done, double lr, double epoch_loss_sum,
+                                    int64_t epoch_steps, double epoch_train_seconds) {
+    CheckpointState state;
+    state.epoch = epoch;
+    state.batches_done = batches_done;
+    state.step = step;
+    state.lr = lr;
+    state.base_lr = schedule.base_lr();
+    state.lrf = options.lrf;
+    state.epochs = options.epochs;
+    state.sampler_seed = options.seed;
+    state.world_size = world;
+    state.epoch_loss_sum = epoch_loss_sum;
+    state.epoch_steps = epoch_steps;
+    state.epoch_train_seconds = epoch_train_seconds;
+    return state;
+  };
   bool stop = options.max_steps > 0 && step >= options.max_steps;
-  for (int epoch = start_epoch; epoch < options.epochs && !stop; ++epoch) {
+  for (int epoch = resumed.epoch; epoch < options.epochs && !stop; ++epoch) {
     const double lr = schedule.lr(epoch);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
     ddp_model.train();
     if (sets.image_train) sets.image_train->set_epoch(epoch);
-    train_loader.start_epoch(epoch);
-    // A mid-epoch checkpoint: replay the sampler's order past the batches already trained on.
-    int64_t batch_index = 0;
-    for (; batch_index < skip_batches && train_loader.next(); ++batch_index) {
-    }
-    skip_batches = 0;
+    // A checkpoint inside this epoch: its finished batches are skipped in the sampler's order, never loaded,
+    // and its loss and time so far carry on into the epoch's metrics.
+    const bool resumes_inside = epoch == resumed.epoch && resumed.batches_done > 0;
+    int64_t batch_index = resumes_inside ? resumed.batches_done : 0;
+    double loss_sum = resumes_inside ? resumed.epoch_loss_sum : 0;
+    int64_t epoch_steps = resumes_inside ? resumed.epoch_steps : 0;
+    const double earlier_seconds = resumes_inside ? resumed.epoch_train_seconds : 0;
+    train_loader.start_epoch(epoch, batch_index);
     progress.start_epoch(epoch, batch_index);
-    double loss_sum = 0;
-    int64_t loss_count = 0, epoch_steps = 0;
     const auto start = std::chrono::steady_clock::now();
+    const auto seconds_so_far = [&] {
+      return earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     while (std::optional<data::Batch> batch = train_loader.next()) {
+      fault::kill_point("step", step + 1);
       compat::drop_gradients(optimizer);
       torch::Tensor logits = forward(batch->data);
       // Every image of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward,
@@ -436,15 +474,17 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
       ++step;
       ++epoch_steps;
       loss_sum += stats[0] / world;
-      ++loss_count;
-      progress.update(batch_index, loss_sum / loss_count);
+      progress.update(batch_index, loss_sum / epoch_steps);
       ++batch_index;
       if (options.max_steps > 0 && step >= options.max_steps) {
         stop = true;
         break;
       }
+      if (options.checkpoint_every > 0 && step % options.checkpoint_every == 0 && batch_index < batches_per_epoch) {
+        write_checkpoint(checkpoint_state(epoch, batch_index, lr, loss_sum, epoch_steps, seconds_so_far()));
+      }
     }
-    const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double train_seconds = seconds_so_far();
     progress.end_epoch();
     const bool epoch_complete = batch_index >= batches_per_epoch;
     if (sets.image_train && sets.image_train->skipped_images() > 0) {
@@ -458,7 +498,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
                                        epoch, communicator);
     EpochMetrics m;
     m.epoch = epoch;
-    m.loss = loss_count > 0 ? loss_sum / loss_count : 0.0;
+    m.loss = epoch_steps > 0 ? loss_sum / epoch_steps : 0.0;
     m.accuracy = counts.accuracy();
     m.correct = counts.correct;
     m.total = counts.total;
@@ -468,24 +508,14 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     m.step = step;
     result.epochs.push_back(m);
 
-    on_all_ranks(communicator, "to write the checkpoint", [&] {
+    on_all_ranks(communicator, "to write metrics.jsonl", [&] {
       if (!is_main) return;
       std::printf("[epoch %d] loss %.4f accuracy %.4f lr %s\n", epoch, m.loss, m.accuracy, format_lr(lr).c_str());
       std::fflush(stdout);
       metrics->write(m);
-      if (!options.checkpoint) return;
-      CheckpointState state;
-      state.epoch = epoch_complete ? epoch + 1 : epoch;
-      state.batches_done = epoch_complete ? 0 : batch_index;
-      state.step = step;
-      state.lr = lr;
-      state.base_lr = schedule.base_lr();
-      state.lrf = options.lrf;
-      state.epochs = options.epochs;
-      state.sampler_seed = options.seed;
-      state.world_size = world;
-      save_checkpoint(checkpoint_path(options.run_dir, state.epoch, state.batches_done), module, optimizer, state);
     });
+    write_checkpoint(epoch_complete ? checkpoint_state(epoch + 1, 0, lr, 0, 0, 0)
+                                    : checkpoint_state(epoch, batch_index, lr, loss_sum, epoch_steps, train_seconds));
   }
   result.steps = step;
 

@@ -107,6 +107,10 @@ class ProbeDataset : public Dataset {
     std::lock_guard<std::mutex> lock(mutex_);
     return max_ahead_;
   }
+  int64_t calls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_;
+  }
 
  private:
   std::shared_ptr<TensorDataset> inner_;
@@ -134,6 +138,26 @@ TEST(BatchLoader, PrefetchRunsAheadButStaysBounded) {
   EXPECT_EQ(batches, 10);
   // Batch k is loaded only after k - capacity batches were taken: never more than `capacity` ahead.
   EXPECT_EQ(probe->max_ahead(), capacity);
+}
+
+TEST(BatchLoader, StartingAtABatchSkipsTheEarlierOnesWithoutLoadingThem) {
+  const int64_t n = 40, world = 2;
+  for (int64_t prefetch : {0, 2}) {
+    auto probe = std::make_shared<ProbeDataset>(n);
+    BatchLoader whole(probe, make_batches(n, world, 1, 4, 5), BatchLoaderOptions{prefetch});
+    whole.start_epoch(3);
+    const std::vector<Batch> all = drain(whole);
+    ASSERT_EQ(all.size(), 5u);
+    ASSERT_TRUE(probe->wait_for_calls(5));
+
+    auto resumed_probe = std::make_shared<ProbeDataset>(n);
+    BatchLoader resumed(resumed_probe, make_batches(n, world, 1, 4, 5), BatchLoaderOptions{prefetch});
+    resumed.start_epoch(3, 2);
+    const std::vector<Batch> rest = drain(resumed);
+    ASSERT_EQ(rest.size(), 3u) << "prefetch " << prefetch;
+    for (size_t b = 0; b < rest.size(); ++b) EXPECT_EQ(rest[b].indices, all[b + 2].indices);
+    EXPECT_EQ(resumed_probe->calls(), 3) << "the two skipped batches must not be loaded";
+  }
 }
 
 TEST(BatchLoader, LoadingErrorReachesTheConsumerAndEndsTheEpoch) {

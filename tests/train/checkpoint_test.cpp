@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "tandem/nn/cnn_net.h"
@@ -115,6 +116,21 @@ TEST(Checkpoint, NewestComparesTheNumbersInTheNames) {
   EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10000, 100000000));
 }
 
+TEST(Checkpoint, PruningKeepsTheNewestAndRemovingUnfinishedWritesKeepsEveryCheckpoint) {
+  const std::string dir = make_temp_dir("prune");
+  for (int batch : {10, 2, 0, 7}) std::ofstream(checkpoint_path(dir, 3, batch)) << "x";
+  std::ofstream(checkpoint_path(dir, 4, 0) + ".tmp.77") << "partial";
+  std::ofstream(dir + "/metrics.jsonl") << "{}";
+  remove_unfinished_checkpoints(dir);
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_path(dir, 4, 0) + ".tmp.77"));
+  EXPECT_EQ(list_checkpoints(dir).size(), 4u);
+  prune_checkpoints(dir, 2);
+  EXPECT_EQ(list_checkpoints(dir), (std::vector<std::string>{checkpoint_path(dir, 3, 7), checkpoint_path(dir, 3, 10)}));
+  prune_checkpoints(dir, 0);
+  EXPECT_EQ(list_checkpoints(dir).size(), 2u) << "0 keeps them all";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/metrics.jsonl"));
+}
+
 TEST(Checkpoint, NewestRunIsTheLatestTimestampThenTheHighestSuffix) {
   const std::string runs = make_temp_dir("runs");
   EXPECT_EQ(newest_run_dir(runs), "");
@@ -141,7 +157,7 @@ TEST(CosineSchedule, MatchesTheSeedsLambda) {
 TEST(Metrics, WritesOneJsonLinePerEpoch) {
   const std::string path = make_temp_dir("metrics") + "/metrics.jsonl";
   {
-    MetricsWriter writer(path);
+    MetricsWriter writer(path, 0);
     EpochMetrics m;
     m.epoch = 0;
     m.accuracy = 0.5;
@@ -159,6 +175,28 @@ TEST(Metrics, WritesOneJsonLinePerEpoch) {
   EXPECT_EQ(lines[1].rfind("{\"epoch\":1,", 0), 0u) << lines[1];
   EXPECT_NE(lines[0].find("\"accuracy\":0.5"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("\"total\":10"), std::string::npos) << lines[0];
+}
+
+TEST(Metrics, AResumedRunDropsTheLinesOfEpochsItTrainsAgainAndATornLine) {
+  const std::string path = make_temp_dir("metrics_resume") + "/metrics.jsonl";
+  std::ofstream(path) << to_json_line(EpochMetrics{0}) << "\n"
+                      << to_json_line(EpochMetrics{1}) << "\n"
+                      << to_json_line(EpochMetrics{2}) << "\n"
+                      << "{\"epoch\":3,\"lo";  // killed while writing
+  {
+    MetricsWriter writer(path, 2);
+    EpochMetrics m;
+    m.epoch = 2;
+    m.accuracy = 0.25;
+    writer.write(m);
+  }
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("{\"epoch\":0,", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("{\"epoch\":1,", 0), 0u) << lines[1];
+  EXPECT_NE(lines[2].find("\"accuracy\":0.25"), std::string::npos) << lines[2];
 }
 
 }  // namespace

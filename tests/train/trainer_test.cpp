@@ -3,6 +3,7 @@
 // stops every rank with one message. Multi-rank runs are real `tandem train` processes (2 ranks) on a tiny
 // MNIST-format data set written by the test, with deadlines.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "tandem/data/image.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/tensor_dataset.h"
+#include "tandem/train/checkpoint.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/train/trainer.h"
 
@@ -186,6 +188,23 @@ TEST(TrainProcesses, DataFolderThatIsNeitherKindFailsWithOneLineSayingWhatWasExp
   EXPECT_NE(sized.output.find("--image-size 32:"), std::string::npos) << sized.output;
 }
 
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+void expect_same_weights(const std::string& expected_path, const std::string& actual_path) {
+  TensorFile expected = load_safetensors(expected_path);
+  TensorFile actual = load_safetensors(actual_path);
+  ASSERT_EQ(expected.tensors.size(), actual.tensors.size());
+  for (size_t i = 0; i < expected.tensors.size(); ++i) {
+    ASSERT_EQ(expected.tensors[i].first, actual.tensors[i].first);
+    EXPECT_TRUE(torch::equal(expected.tensors[i].second, actual.tensors[i].second)) << expected.tensors[i].first;
+  }
+}
+
 TEST(TrainProcesses, ResumedRunEndsWithTheSameWeightsAsAnUninterruptedOne) {
   // 160 training samples, batch 16 per rank on 2 ranks: 5 steps per epoch.
   const std::string data = write_tiny_mnist("resume_data", 160, 45);
@@ -208,21 +227,85 @@ TEST(TrainProcesses, ResumedRunEndsWithTheSameWeightsAsAnUninterruptedOne) {
   EXPECT_NE(resumed[0].output.find("[epoch 1]"), std::string::npos) << resumed[0].output;
   EXPECT_EQ(resumed[0].output.find("[epoch 0]"), std::string::npos) << "epoch 0 must not run again";
 
-  TensorFile whole = load_safetensors(root + "/whole.safetensors");
-  TensorFile split = load_safetensors(root + "/split.safetensors");
-  ASSERT_EQ(whole.tensors.size(), split.tensors.size());
-  double largest = 0;
-  for (size_t i = 0; i < whole.tensors.size(); ++i) {
-    ASSERT_EQ(whole.tensors[i].first, split.tensors[i].first);
-    largest = std::max(largest, (whole.tensors[i].second - split.tensors[i].second).abs().max().item<double>());
-    EXPECT_TRUE(torch::equal(whole.tensors[i].second, split.tensors[i].second)) << whole.tensors[i].first;
-  }
-  std::cout << "largest difference between uninterrupted and resumed weights: " << largest << "\n";
+  expect_same_weights(root + "/whole.safetensors", root + "/split.safetensors");
   // The split run's metrics hold one line per epoch, like the uninterrupted one.
-  std::ifstream metrics(root + "/split/metrics.jsonl");
-  int lines = 0;
-  for (std::string line; std::getline(metrics, line);) ++lines;
-  EXPECT_EQ(lines, 2);
+  EXPECT_EQ(read_lines(root + "/split/metrics.jsonl").size(), 2u);
+}
+
+TEST(TrainProcesses, RankKilledMidEpochIsContinuedFromTheNewestCheckpointToTheSameWeightsAndMetrics) {
+  // 160 training samples, batch 16 per rank on 2 ranks: 5 steps per epoch, 15 in all; a checkpoint every 2
+  // steps inside an epoch and at each epoch end.
+  const std::string data = write_tiny_mnist("midepoch_data", 160, 45);
+  const std::string root = make_temp_dir("midepoch_runs");
+  const auto args = [&](const std::string& run) {
+    return std::vector<std::string>{"--data", data, "--epochs", "3", "--batch-size", "16", "--threads", "1", "--lr",
+                                    "0.05", "--seed", "3", "--timeout", "60", "--checkpoint-every", "2",
+                                    "--run-dir", root + "/" + run, "--save-weights", root + "/" + run + ".safetensors"};
+  };
+  expect_success(run_train_ranks(2, args("whole")), "uninterrupted run");
+
+  // Rank 1 dies at the start of step 14 (epoch 2, batch 3): the newest checkpoint is step 12's, inside epoch 2.
+  auto killed = run_train_ranks(2, args("killed"), {{"TANDEM_KILL_AT", "step:1:14"}});
+  EXPECT_EQ(killed[1].term_signal, SIGKILL) << killed[1].output;
+  EXPECT_NE(killed[0].exit_code, 0) << killed[0].output;
+  // Started again in the same run dir, without --resume.
+  auto again = run_train_ranks(2, args("killed"));
+  expect_success(again, "restarted run");
+  EXPECT_NE(again[0].output.find("(epoch 2, batch 2, step 12)"), std::string::npos) << again[0].output;
+  EXPECT_EQ(again[0].output.find("[epoch 1]"), std::string::npos) << "finished epochs must not run again";
+
+  expect_same_weights(root + "/whole.safetensors", root + "/killed.safetensors");
+  // The epoch cut by the kill reports the same loss and accuracy as the uninterrupted one, once.
+  const auto metric = [](const std::string& line, const std::string& key) {
+    const size_t at = line.find("\"" + key + "\":");
+    return at == std::string::npos ? std::string() : line.substr(at, line.find(',', at) - at);
+  };
+  const auto whole = read_lines(root + "/whole/metrics.jsonl");
+  const auto killed_metrics = read_lines(root + "/killed/metrics.jsonl");
+  ASSERT_EQ(whole.size(), 3u);
+  ASSERT_EQ(killed_metrics.size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    for (const char* key : {"epoch", "loss", "accuracy", "step"}) {
+      EXPECT_EQ(metric(whole[e], key), metric(killed_metrics[e], key)) << "epoch " << e;
+    }
+  }
+  // --keep-checkpoints defaults to 3.
+  EXPECT_EQ(list_checkpoints(root + "/killed").size(), 3u);
+}
+
+TEST(TrainProcesses, KilledWhileWritingACheckpointLeavesTheNewestCompleteOneToContinueFrom) {
+  // One rank, 10 steps per epoch, a checkpoint every 4 steps: writes at steps 4, 8, 10 (epoch end), 14, ...
+  const std::string data = write_tiny_mnist("midwrite_data", 80, 20);
+  const std::string root = make_temp_dir("midwrite_runs");
+  const auto args = [&](const std::string& run) {
+    return std::vector<std::string>{"--data", data, "--epochs", "2", "--batch-size", "8", "--threads", "1", "--seed",
+                                    "5", "--checkpoint-every", "4", "--run-dir", root + "/" + run,
+                                    "--save-weights", root + "/" + run + ".safetensors"};
+  };
+  expect_success(run_train_ranks(1, args("whole")), "uninterrupted run");
+
+  // Killed half way through writing its third checkpoint (the end of epoch 0).
+  auto killed = run_train_ranks(1, args("killed"), {{"TANDEM_KILL_AT", "safetensors-write:0:3"}});
+  ASSERT_EQ(killed[0].term_signal, SIGKILL) << killed[0].output;
+  const std::string run = root + "/killed";
+  bool temp_file_left = false;
+  for (const auto& entry : std::filesystem::directory_iterator(run)) {
+    temp_file_left = temp_file_left || entry.path().filename().string().find(".tmp.") != std::string::npos;
+  }
+  EXPECT_TRUE(temp_file_left) << "the kill should have caught the write half way";
+  const std::optional<std::string> newest = find_latest_checkpoint(run);
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(*newest, checkpoint_path(run, 0, 8));
+  TensorFile intact = load_safetensors(*newest);
+  EXPECT_EQ(intact.metadata.at("step"), "8");
+
+  auto again = run_train_ranks(1, args("killed"));
+  expect_success(again, "restarted run");
+  EXPECT_NE(again[0].output.find("(epoch 0, batch 8, step 8)"), std::string::npos) << again[0].output;
+  expect_same_weights(root + "/whole.safetensors", root + "/killed.safetensors");
+  for (const auto& entry : std::filesystem::directory_iterator(run)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+  }
 }
 
 TEST(TrainProcesses, RanksWhoseDataDiffersStopBeforeTrainingNamingTheOddRank) {

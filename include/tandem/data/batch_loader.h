@@ -48,8 +48,9 @@ class BatchLoader {
   BatchLoader& operator=(const BatchLoader&) = delete;
 
   // Sets the sampler's epoch (same value on every rank), drops what is left of a previous epoch and starts
-  // loading this epoch's batches.
-  void start_epoch(int64_t epoch);
+  // loading this epoch's batches from batch `first_batch` on (a run resumed inside the epoch): the batches
+  // before it are never loaded.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
 
   // The epoch's next batch, or nullopt after the last one. Its padding_count says how many of its final rows
   // repeat earlier samples (DistributedSampler padding). Throws InvalidArgument before the first start_epoch,

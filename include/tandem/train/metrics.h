@@ -2,7 +2,7 @@
 // Per-epoch results of a run, one JSON object per line in RUN_DIR/metrics.jsonl (written by rank 0), e.g.
 //   {"epoch":0,"loss":0.61,"accuracy":0.853,"correct":8530,"total":10000,"lr":0.02,"samples_per_second":9100,...}
 // Lines are appended and flushed as each epoch ends, so a crashed run keeps every finished epoch; a resumed run
-// appends to the same file.
+// continues the same file from the epoch it resumes.
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -25,8 +25,10 @@ std::string to_json_line(const EpochMetrics& metrics);
 
 class MetricsWriter {
  public:
-  // Opens `path` for appending; throws Error naming the file if that fails.
-  explicit MetricsWriter(const std::string& path);
+  // Opens `path` for appending, after dropping its lines for epochs from `first_epoch` on, and any torn line:
+  // the run trains those epochs now, and such lines come from a run killed before its checkpoint. Throws
+  // Error naming the file if it cannot be rewritten or opened.
+  MetricsWriter(const std::string& path, int first_epoch);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -52,9 +52,15 @@ struct TrainOptions {
   bool strict = false;                     // init_weights must match the model exactly
   bool freeze_layers = false;              // train only the classifier head
   std::string save_weights;                // final weights as safetensors (rank 0)
-  std::string run_dir;                     // empty: runs/<timestamp>, chosen by rank 0
-  bool resume = false;                     // continue from the newest checkpoint in run_dir (or the newest run)
+  // Empty: runs/<timestamp>, chosen by rank 0. A run_dir that holds a checkpoint is continued from its newest
+  // one, so a restarted job (tandem run --max-restarts) picks up where it stopped.
+  std::string run_dir;
+  bool resume = false;                     // without run_dir: continue the newest run under runs/
   bool checkpoint = true;                  // rank 0 writes a checkpoint at each epoch end (and at --steps)
+  int64_t checkpoint_every = 0;            // also every this many steps inside an epoch; 0: epoch ends only
+  int keep_checkpoints = 3;                // the newest this many stay in run_dir; 0: all
+  // DdpOptions::check_replicas_every: the ranks compare their weights every this many steps; 0: never.
+  int64_t check_replicas_every = 100;
   int64_t prefetch_batches = 2;
   // Where the model, the batches and the metrics live (apps/train.cpp resolves --device; see util/device.h).
   // On a GPU, batches are prefetched into pinned memory and copied without blocking the host.

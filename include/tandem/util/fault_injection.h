@@ -1,0 +1,20 @@
+#pragma once
+// Deliberate crashes for the reliability harness (scripts/kill-trials, RELIABILITY.md). With
+//   TANDEM_KILL_AT=POINT:RANK:COUNT
+// the process of rank RANK (its RANK variable, 0 without one) kills itself with SIGKILL the moment it reaches
+// POINT for the COUNT-th time: no destructor, flush or message runs, exactly as if the machine had killed it.
+// Only the launcher's first attempt dies (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted group runs on.
+// Points:
+//   step              before optimizer step COUNT (counted from 1 over the whole run, resumed runs included)
+//   safetensors-write halfway through writing the COUNT-th safetensors file of this process (a checkpoint
+//                     or --save-weights), with part of its temp file written and before the rename
+#include <cstdint>
+#include <string_view>
+
+namespace tandem::fault {
+
+// Kills this process if TANDEM_KILL_AT names `point`, this rank and `count`. Throws InvalidArgument if
+// TANDEM_KILL_AT is malformed.
+void kill_point(std::string_view point, int64_t count);
+
+}  // namespace tandem::fault

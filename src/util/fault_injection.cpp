@@ -1,0 +1,51 @@
+#include "tandem/util/fault_injection.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "tandem/util/error.h"
+
+namespace tandem::fault {
+namespace {
+
+struct KillAt {
+  std::string point;  // empty: no injection
+  int rank = 0;
+  long long count = 0;
+};
+
+KillAt read_kill_at() {
+  KillAt kill_at;
+  const char* value = std::getenv("TANDEM_KILL_AT");
+  if (!value || !*value) return kill_at;
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (attempt && std::string(attempt) != "0") return kill_at;
+  char point[32];
+  if (std::sscanf(value, "%31[a-z-]:%d:%lld", point, &kill_at.rank, &kill_at.count) != 3 ||
+      (std::string(point) != "step" && std::string(point) != "safetensors-write")) {
+    throw InvalidArgument(std::string("TANDEM_KILL_AT must be step:RANK:COUNT or safetensors-write:RANK:COUNT, got '") +
+                          value + "'");
+  }
+  kill_at.point = point;
+  return kill_at;
+}
+
+int own_rank() {
+  const char* rank = std::getenv("RANK");
+  return rank ? std::atoi(rank) : 0;
+}
+
+}  // namespace
+
+void kill_point(std::string_view point, int64_t count) {
+  static const KillAt kill_at = read_kill_at();
+  static const int rank = own_rank();
+  if (kill_at.point != point || kill_at.rank != rank || kill_at.count != count) return;
+  ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace tandem::fault
