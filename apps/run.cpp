@@ -21,6 +21,7 @@ struct RunFlags {
   std::string log_dir;
   std::string gpus;
   double grace_period_s = launch::kDefaultGracePeriod.count() / 1000.0;
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -30,7 +31,9 @@ std::function<int()> define_run(CLI::App& command) {
       "Every worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and\n"
       "OMP_NUM_THREADS (CPUs / workers, unless already set). Output lines are prefixed with the rank, e.g. \"[0] \".\n"
       "When a worker exits non-zero or is killed, the others get SIGTERM (SIGKILL after --grace-period) and\n"
-      "tandem run exits with that worker's code (128 + signal). SIGINT/SIGTERM/SIGHUP are forwarded to every worker.\n"
+"tandem run exits with that worker's code (128 + signal), unless --max-restarts N allows a restart: then all the\n"
+      "workers start again, with TORCHELASTIC_RESTART_COUNT 1, 2, ... N (0 at first) and TORCHELASTIC_MAX_RESTARTS N.\n"
+      "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
       "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) are accepted too.");
   CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
                                           "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)");
@@ -49,6 +52,9 @@ std::function<int()> define_run(CLI::App& command) {
   command.add_option("--gpus", flags->gpus, "GPU indices for the workers, e.g. 2,7 (sets CUDA_VISIBLE_DEVICES)");
   command.add_option("--grace-period", flags->grace_period_s,
                      "Seconds between SIGTERM and SIGKILL when stopping the workers")
+      ->capture_default_str();
+  command.add_option("--max-restarts,--max_restarts", flags->max_restarts,
+                     "Times to stop and restart all workers after one fails (one node only)")
       ->capture_default_str();
   command.add_option("command", flags->command, "The program to run and its arguments, after --");
   // Everything after the first word of the command belongs to the command, even if it looks like our flags.
@@ -73,6 +79,7 @@ std::function<int()> define_run(CLI::App& command) {
       throw InvalidArgument("--grace-period must be a non-negative number of seconds");
     }
     options.grace_period = std::chrono::milliseconds(std::llround(flags->grace_period_s * 1000));
+    options.max_restarts = flags->max_restarts;
     options.command = flags->command;
     // Counting GPUs initialises CUDA, so it is done only when the count is needed.
     const bool needs_gpu_count = !options.nproc_per_node && options.gpus.empty();

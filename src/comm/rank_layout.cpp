@@ -40,6 +40,7 @@ void read_torchrun(RankLayout& layout, const EnvLookup& env) {
   layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);
   // torchrun writes Python's str(True).
   layout.launcher_serves_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  layout.restart_count = env_int(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
   layout.store_file = env("TANDEM_STORE_FILE").value_or("");
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
@@ -78,7 +79,11 @@ std::string describe_ranks(const std::vector<int>& ranks) {
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout) {
   if (init_method == "env://") {
     if (!layout.store_file.empty()) return make_file_store(layout.store_file, layout, timeout);
-    return make_tcp_store(layout.master_addr, layout.master_port, layout.launcher_serves_store, layout, timeout);
+    StorePtr store =
+        make_tcp_store(layout.master_addr, layout.master_port, layout.launcher_serves_store, layout, timeout);
+    // The launcher's store outlives its attempts; PyTorch's env:// names each attempt's keys the same way.
+    if (!layout.launcher_serves_store) return store;
+    return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", layout.restart_count), store);
   }
   const std::string tcp = "tcp://";
   const std::string file = "file://";

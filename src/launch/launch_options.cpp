@@ -106,6 +106,19 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
 
   if (options.grace_period.count() < 0) throw InvalidArgument("--grace-period must not be negative");
   plan.grace_period = options.grace_period;
+
+  if (options.max_restarts < 0) {
+    throw InvalidArgument(fmt::format("--max-restarts must not be negative, got {}", options.max_restarts));
+  }
+  // Each node's launcher restarts only its own workers, and the ranks of other nodes would meet the restarted
+  // ones in the store of an attempt that is over: the nodes would have to agree on every restart first.
+  if (options.max_restarts > 0 && plan.nnodes > 1) {
+    throw InvalidArgument(fmt::format(
+        "--max-restarts {} with --nnodes {}: tandem run restarts the workers of one node only; restart a "
+        "multi-node job from outside (or run it with --nnodes 1)",
+        options.max_restarts, plan.nnodes));
+  }
+  plan.max_restarts = options.max_restarts;
   plan.log_dir = options.log_dir;
   return plan;
 }

@@ -122,9 +122,8 @@ struct Worker {
 
 class Supervisor {
  public:
-  // `store_variables`: what leads the workers to the launcher's rendezvous store, on top of the plan's variables.
-  Supervisor(const LaunchPlan& plan, std::map<std::string, std::string> store_variables)
-      : plan_(plan), store_variables_(std::move(store_variables)) {}
+  // `store`: the rendezvous store the launcher serves to the workers; null where rank 0 serves it.
+  Supervisor(const LaunchPlan& plan, const LocalStore* store) : plan_(plan), store_(store) {}
   ~Supervisor() {
     for (Worker& worker : workers_) {
       for (int fd : {worker.out.fd, worker.err.fd, worker.log_fd}) {
@@ -135,9 +134,14 @@ class Supervisor {
 
   int run() {
     open_logs();
-    start_workers();
-    supervise();
-    return finish();
+    for (int restart = 0;; ++restart) {
+      start_workers(restart);
+      supervise();
+      if (!restart_due(restart)) return finish(restart);
+      report(fmt::format("rank {} {}; restarting all {} worker(s) (restart {} of {})", failure_->rank,
+                         failure_->describe(), workers_.size(), restart + 1, plan_.max_restarts));
+      forget_attempt();
+    }
   }
 
  private:
@@ -161,9 +165,11 @@ class Supervisor {
     }
   }
 
-  std::vector<std::string> environment_for(int local_rank) const {
-    auto overrides = worker_environment(plan_, local_rank, comm::process_environment(), usable_cpu_count());
-    overrides.insert(store_variables_.begin(), store_variables_.end());
+  std::vector<std::string> environment_for(int local_rank, int restart,
+                                           const std::map<std::string, std::string>& store_variables) const {
+    auto overrides =
+        worker_environment(plan_, local_rank, restart, comm::process_environment(), usable_cpu_count());
+    overrides.insert(store_variables.begin(), store_variables.end());
     std::vector<std::string> entries;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       std::string text(*entry);
@@ -173,12 +179,14 @@ class Supervisor {
     return entries;
   }
 
-  void start_workers() {
+  void start_workers(int restart) {
     // Orphans of the workers (a shell's children, say) are re-parented to the launcher, so it can reap them
     // and know when a worker's whole process group is gone.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const auto store_variables =
+        store_ != nullptr ? store_->worker_variables(restart) : std::map<std::string, std::string>{};
     for (Worker& worker : workers_) {
-      int error = spawn(worker);
+      int error = spawn(worker, environment_for(worker.local_rank, restart, store_variables));
       if (error == 0) continue;
       exec_failure_code_ = error == ENOENT ? 127 : 126;
       exec_failure_ = fmt::format("cannot execute '{}' for rank {}: {}{}", plan_.command.front(), worker.exit.rank,
@@ -192,8 +200,7 @@ class Supervisor {
   }
 
   // Starts one worker; returns 0, or the errno of a failed exec (the child is then already reaped).
-  int spawn(Worker& worker) {
-    std::vector<std::string> env = environment_for(worker.local_rank);
+  int spawn(Worker& worker, std::vector<std::string> env) {
     std::vector<char*> envp;
     for (auto& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);
@@ -318,7 +325,28 @@ class Supervisor {
     }
   }
 
-  int finish() {
+  // After a worker failed, and only then, the group starts again while restarts are left; a signal to the
+  // launcher, even one that came while it was stopping the failed group, means stop for good.
+  bool restart_due(int restart) {
+    handle_signals();
+    return failure_ && interrupt_signal_ == 0 && exec_failure_.empty() && restart < plan_.max_restarts;
+  }
+
+  // Makes the workers ready to be started again; their log files stay open and receive the next attempt too.
+  void forget_attempt() {
+    for (Worker& worker : workers_) {
+      worker.pid = -1;
+      worker.running = false;
+      worker.exit = WorkerExit{worker.exit.rank};
+      worker.out = {};
+      worker.err = {};
+    }
+    phase_ = Phase::kRunning;
+    failure_.reset();
+    stopped_others_ = 0;
+  }
+
+  int finish(int restart) {
     if (!exec_failure_.empty()) {
       report(exec_failure_);
       return exec_failure_code_;
@@ -326,8 +354,11 @@ class Supervisor {
     if (failure_) {
       const Worker& failed = workers_[failed_worker_];
       std::string log = failed.log_path.empty() ? "" : fmt::format(" (log: {})", failed.log_path);
-      report(fmt::format("rank {} {}{}; stopped the other {} worker(s)", failure_->rank, failure_->describe(), log,
-                         stopped_others_));
+      std::string used_up = plan_.max_restarts > 0 && restart == plan_.max_restarts
+                                ? fmt::format("; all {} restart(s) used up", plan_.max_restarts)
+                                : "";
+      report(fmt::format("rank {} {}{}; stopped the other {} worker(s){}", failure_->rank, failure_->describe(), log,
+                         stopped_others_, used_up));
       return failure_->shell_code();
     }
     if (interrupt_signal_ != 0) {
@@ -355,8 +386,8 @@ class Supervisor {
   }
 
   void on_launcher_signal(int signal) {
+    if (interrupt_signal_ == 0) interrupt_signal_ = signal;
     if (phase_ == Phase::kRunning) {
-      interrupt_signal_ = signal;
       begin_stop(signal);
     } else if (phase_ == Phase::kStopping) {
       // Asked twice (Ctrl-C again): no more grace.
@@ -448,7 +479,7 @@ class Supervisor {
   enum class Phase { kRunning, kStopping, kKilling };
 
   const LaunchPlan& plan_;
-  const std::map<std::string, std::string> store_variables_;
+  const LocalStore* store_;
   SignalRelay signals_;
   const int signal_fd_ = signals_.fd();
   std::vector<Worker> workers_;
@@ -494,14 +525,14 @@ std::string WorkerExit::describe() const {
 
 int launch(const LaunchPlan& plan) {
   if (plan.nnodes > 1) {
-    Supervisor supervisor(plan, {});
+    Supervisor supervisor(plan, nullptr);
     return supervisor.run();
   }
   // One node: the launcher serves the rendezvous store, on loopback, until every worker is gone.
   LocalStore store(plan.master_addr, plan.master_port);
   LaunchPlan local = plan;
   local.master_port = store.port();
-  Supervisor supervisor(local, store.worker_variables());
+  Supervisor supervisor(local, &store);
   return supervisor.run();
 }
 

@@ -59,7 +59,6 @@ LocalStore::LocalStore(const std::string& address, int port) {
     } catch (const std::exception& error) {
       throw CommError(fmt::format("cannot serve the rendezvous store on {}:{}: {}", address, port_, error.what()));
     }
-    worker_variables_ = {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "0"}};
     return;
   }
   // The port stays MASTER_PORT for programs other than tandem's, which open their own store there as they
@@ -72,7 +71,12 @@ LocalStore::LocalStore(const std::string& address, int port) {
                                 std::filesystem::temp_directory_path().string(), std::strerror(errno)));
   }
   file_store_directory_ = directory;
-  worker_variables_ = {{"TANDEM_STORE_FILE", directory + "/store"}};
+}
+
+std::map<std::string, std::string> LocalStore::worker_variables(int restart_count) const {
+  if (tcp_store_) return {{"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  // The keys of earlier attempts stay in their files; a new file starts empty.
+  return {{"TANDEM_STORE_FILE", fmt::format("{}/store{}", file_store_directory_, restart_count)}};
 }
 
 LocalStore::~LocalStore() {

@@ -15,7 +15,7 @@ int usable_cpu_count() {
   return 1;
 }
 
-std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank,
+std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count,
                                                       const comm::EnvLookup& parent, int cpu_count) {
   std::map<std::string, std::string> env{
       {"RANK", std::to_string(plan.global_rank(local_rank))},
@@ -25,6 +25,9 @@ std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, in
       {"GROUP_RANK", std::to_string(plan.node_rank)},
       {"MASTER_ADDR", plan.master_addr},
       {"MASTER_PORT", std::to_string(plan.master_port)},
+      // torchrun's names: a worker that resumes work of its own can tell a restart from a first start.
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(plan.max_restarts)},
   };
   // N workers each running cpu_count OpenMP threads would oversubscribe the node N times over; a value the
   // user exported is a deliberate choice and is kept.

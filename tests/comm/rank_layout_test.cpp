@@ -75,6 +75,11 @@ TEST(RankLayout, ReadsWhereTheLauncherKeepsTheStore) {
   RankLayout agent = detect_rank_layout({}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
                                                       {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   EXPECT_TRUE(agent.launcher_serves_store);
+  EXPECT_EQ(agent.restart_count, 0);
+  RankLayout restarted = detect_rank_layout({}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                          {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  EXPECT_EQ(restarted.restart_count, 2);
   RankLayout not_agent = detect_rank_layout({}, fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
                                                           {"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
   EXPECT_FALSE(not_agent.launcher_serves_store);

@@ -111,6 +111,16 @@ TEST(PlanLaunch, RejectsImpossibleLayouts) {
   expect_invalid(options, 0, "--nproc-per-node must be at least 1");
 
   options = with_command();
+  options.max_restarts = -1;
+  expect_invalid(options, 0, "--max-restarts must not be negative");
+
+  options = with_command();
+  options.nnodes = 2;
+  options.master_addr = "head";
+  options.max_restarts = 1;
+  expect_invalid(options, 0, "--max-restarts 1 with --nnodes 2");
+
+  options = with_command();
   options.gpus = {1, 1};
   expect_invalid(options, 0, "GPU 1 twice");
 }
@@ -132,7 +142,7 @@ TEST(WorkerEnvironment, SetsTheTorchrunVariables) {
   options.master_port = 1234;
   options.gpus = {0, 1, 2, 5};
   LaunchPlan plan = plan_launch(options, 0);
-  auto env = worker_environment(plan, 2, fake_env({}), 16);
+  auto env = worker_environment(plan, 2, 0, fake_env({}), 16);
   EXPECT_EQ(env.at("RANK"), "6");
   EXPECT_EQ(env.at("LOCAL_RANK"), "2");
   EXPECT_EQ(env.at("WORLD_SIZE"), "8");
@@ -142,6 +152,8 @@ TEST(WorkerEnvironment, SetsTheTorchrunVariables) {
   EXPECT_EQ(env.at("MASTER_PORT"), "1234");
   EXPECT_EQ(env.at("OMP_NUM_THREADS"), "4");
   EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "0,1,2,5");
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "0");
 
   // What the workers' own rank detection makes of it.
   comm::RankLayout layout = comm::detect_rank_layout({}, fake_env(env));
@@ -154,9 +166,20 @@ TEST(WorkerEnvironment, OmpThreadsAtLeastOneAndKeptWhenPreset) {
   LaunchOptions options = with_command();
   options.nproc_per_node = 4;
   LaunchPlan plan = plan_launch(options, 0);
-  EXPECT_EQ(worker_environment(plan, 0, fake_env({}), 2).at("OMP_NUM_THREADS"), "1");
-  EXPECT_EQ(worker_environment(plan, 0, fake_env({{"OMP_NUM_THREADS", "3"}}), 64).count("OMP_NUM_THREADS"), 0u);
-  EXPECT_EQ(worker_environment(plan, 0, fake_env({}), 2).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(worker_environment(plan, 0, 0, fake_env({}), 2).at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(worker_environment(plan, 0, 0, fake_env({{"OMP_NUM_THREADS", "3"}}), 64).count("OMP_NUM_THREADS"), 0u);
+  EXPECT_EQ(worker_environment(plan, 0, 0, fake_env({}), 2).count("CUDA_VISIBLE_DEVICES"), 0u);
+}
+
+TEST(WorkerEnvironment, CountsRestartsAsTorchrunDoes) {
+  LaunchOptions options = with_command();
+  options.nproc_per_node = 2;
+  options.max_restarts = 3;
+  LaunchPlan plan = plan_launch(options, 0);
+  auto env = worker_environment(plan, 1, 2, fake_env({}), 4);
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  EXPECT_EQ(comm::detect_rank_layout({}, fake_env(env)).restart_count, 2);
 }
 
 TEST(LineBuffer, PassesOnWholeLinesAndTheLastPartialOne) {

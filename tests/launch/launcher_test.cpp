@@ -147,6 +147,52 @@ TEST(TandemRun, SigtermToTheLauncherIsForwardedToEveryWorker) {
   expect_all_gone(dir, 4);
 }
 
+TEST(TandemRun, RestartsGiveUpAfterMaxRestartsWithTheLastFailure) {
+  ScratchDir dir;
+  // Every attempt of rank 1 fails, once rank 0 of that attempt is up; each worker leaves a pid file per attempt,
+  // so the attempts can be counted.
+  std::string script = "cd " + dir.path() +
+                       " && echo $$ > sh$RANK.$TORCHELASTIC_RESTART_COUNT.pid; "
+                       "if [ \"$RANK\" = 1 ]; then "
+                       "  while [ ! -s sh0.$TORCHELASTIC_RESTART_COUNT.pid ]; do sleep 0.05; done; exit 3; "
+                       "fi; sleep 30";
+  ProcessResult result = tandem_run({"--nproc-per-node", "2", "--max-restarts", "2", "--", "sh", "-c", script});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  for (const std::string restart : {"1", "2"}) {
+    EXPECT_TRUE(contains(result.output, "tandem run: rank 1 exited with code 3; restarting all 2 worker(s) (restart " +
+                                            restart + " of 2)\n"))
+        << result.output;
+  }
+  EXPECT_TRUE(contains(result.output,
+                       "tandem run: rank 1 exited with code 3; stopped the other 1 worker(s); all 2 restart(s) used up\n"))
+      << result.output;
+  expect_all_gone(dir, 6);  // two workers in each of three attempts
+}
+
+TEST(TandemRun, SigtermToTheLauncherDoesNotRestart) {
+  ScratchDir dir;
+  // The workers exit 3 on SIGTERM: a failure, had it not come from the launcher being stopped.
+  std::string script = "cd " + dir.path() +
+                       " && trap 'exit 3' TERM; "
+                       "sleep 30 & echo $! > sleep$RANK.$TORCHELASTIC_RESTART_COUNT.pid; "
+                       "echo $$ > sh$RANK.tmp; mv sh$RANK.tmp sh$RANK.$TORCHELASTIC_RESTART_COUNT.pid; wait";
+  testing::BackgroundProcess launcher(
+      {testing::tandem_cli(), "run", "--nproc-per-node", "2", "--max-restarts", "3", "--", "sh", "-c", script});
+  const auto give_up = std::chrono::steady_clock::now() + kDeadline;
+  while (!(std::filesystem::exists(dir / "sh0.0.pid") && std::filesystem::exists(dir / "sh1.0.pid"))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "workers never started";
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(::kill(launcher.pid(), SIGTERM), 0);
+  ProcessResult result = launcher.finish(kDeadline);
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.output;
+  EXPECT_FALSE(contains(result.output, "restarting")) << result.output;
+  EXPECT_TRUE(contains(result.output, "tandem run: received SIGTERM")) << result.output;
+  expect_all_gone(dir, 4);  // one attempt only: two shells and their sleeps
+}
+
 TEST(TandemRun, AcceptsTorchrunSpellings) {
   const std::string port = std::to_string(testing::free_port());
   ProcessResult result = tandem_run({"--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0", "--master_addr",
@@ -291,6 +337,32 @@ TEST(TandemRun, RendezvousPortCannotBeTakenFromARun) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (const std::string rank : {"0", "1"}) {
     EXPECT_TRUE(contains(result.output, "[" + rank + "] joined\n")) << result.output;
+  }
+}
+
+// Joins, and in the first attempt rank 1 fails once both have joined, so the store holds that attempt's keys.
+// A restarted rank that met those keys would be refused as a second claimant of its rank.
+TEST(RestartedWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "a rank of TandemRun.FailedWorkerRestartsTheGroupWhichJoinsAfresh";
+  const int restart = std::stoi(std::getenv("TORCHELASTIC_RESTART_COUNT"));
+  init_process_group(worker_init_options());
+  barrier();
+  std::cout << "attempt " << restart << " of " << std::getenv("TORCHELASTIC_MAX_RESTARTS") << " joined" << std::endl;
+  if (restart == 0 && rank() == 1) std::_Exit(5);
+  barrier();
+  destroy_process_group();
+}
+
+TEST(TandemRun, FailedWorkerRestartsTheGroupWhichJoinsAfresh) {
+  ProcessResult result = testing::run_launched_worker_ranks({"--nproc-per-node", "2", "--max-restarts", "1"},
+                                                            "RestartedWorker.Run", kDeadline);
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "tandem run: rank 1 exited with code 5; restarting all 2 worker(s) (restart 1 "
+                                      "of 1)\n"))
+      << result.output;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(contains(result.output, "[" + rank + "] attempt 1 of 1 joined\n")) << result.output;
   }
 }
 

@@ -21,6 +21,10 @@ struct RankLayout {
   // TORCHELASTIC_USE_AGENT_STORE=True: the launcher serves the store at master_addr:master_port (torchrun's agent
   // store, `tandem run` on one node), so rank 0 connects to it like every other rank instead of serving one.
   bool launcher_serves_store = false;
+  // TORCHELASTIC_RESTART_COUNT: how often the launcher has restarted the workers (0 on the first start). In the
+  // launcher's store each attempt rendezvouses under its own prefix, as PyTorch's env:// does, so that no key of
+  // a failed attempt reaches the next one.
+  int restart_count = 0;
   // TANDEM_STORE_FILE: the FileStore that `tandem run` made for a single-node run where LibTorch's TCPStore
   // cannot be kept on loopback (docs/launcher.md); env:// uses it instead of master_addr:master_port.
   std::string store_file;

@@ -14,7 +14,7 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
 // init_method is "env://" (master address and port from the layout, or the layout's store_file),
 // "tcp://host:port" or "file:///path". Rank 0 hosts the TCP store, unless with env:// the launcher serves it
-// (layout.launcher_serves_store). Throws InvalidArgument for an unknown scheme, CommError when the master cannot
+// (layout.launcher_serves_store; then under the prefix of attempt layout.restart_count). Throws InvalidArgument for an unknown scheme, CommError when the master cannot
 // be reached or its port is taken, each with what to do about it.
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout);
 

@@ -28,6 +28,8 @@ struct LaunchOptions {
   std::vector<int> gpus;
   // After a worker fails (or the launcher is signalled), how long the others get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  // How many times a failed group of workers is stopped and started again, as torchrun's --max-restarts.
+  int max_restarts = 0;
   // The program and its arguments, run once per local rank.
   std::vector<std::string> command;
 };
@@ -42,6 +44,7 @@ struct LaunchPlan {
   std::string log_dir;
   std::vector<int> gpus;
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  int max_restarts = 0;
   std::vector<std::string> command;
 
   int world_size() const { return nnodes * nproc_per_node; }

@@ -26,16 +26,16 @@ class LocalStore {
 
   // MASTER_PORT for the workers: the port asked for, or the free one picked.
   int port() const { return port_; }
-  // What, besides MASTER_ADDR and MASTER_PORT, leads the workers' env:// to this store:
-  // TORCHELASTIC_USE_AGENT_STORE=True (and TORCHELASTIC_RESTART_COUNT=0, which PyTorch's env:// reads with it),
-  // or TANDEM_STORE_FILE.
-  const std::map<std::string, std::string>& worker_variables() const { return worker_variables_; }
+  // What, besides MASTER_ADDR and MASTER_PORT, leads the workers of attempt `restart_count` (0 for the first
+  // start) to this store, fresh for that attempt: TORCHELASTIC_USE_AGENT_STORE=True, with which the workers keep
+  // their keys under the attempt's prefix (TORCHELASTIC_RESTART_COUNT, set by worker_environment); or
+  // TANDEM_STORE_FILE, a file of the attempt's own.
+  std::map<std::string, std::string> worker_variables(int restart_count) const;
 
  private:
   int port_ = 0;
   c10::intrusive_ptr<c10d::Store> tcp_store_;  // serving from the socket bound here; null with a FileStore
   std::string file_store_directory_;           // removed with everything in it; empty with a TCPStore
-  std::map<std::string, std::string> worker_variables_;
 };
 
 }  // namespace tandem::launch

@@ -10,10 +10,11 @@
 
 namespace tandem::launch {
 
-// The variables to set (overriding the launcher's) for the worker with this local rank: RANK, LOCAL_RANK,
-// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS = cpu_count /
+// The variables to set (overriding the launcher's) for the worker with this local rank in attempt
+// `restart_count` (0 for the first start): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS; OMP_NUM_THREADS = cpu_count /
 // nproc_per_node (at least 1) unless `parent` already sets it; CUDA_VISIBLE_DEVICES when plan.gpus is set.
-std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank,
+std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count,
                                                       const comm::EnvLookup& parent, int cpu_count);
 
 // CPUs this process may run on (its affinity mask), at least 1.
