@@ -373,6 +373,10 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     });
     log::main_info("resuming from {} (epoch {}, batch {}, step {})", resume_from, resumed.epoch,
                    resumed.batches_done, resumed.step);
+    if (resumed.epoch >= options.epochs || (options.max_steps > 0 && resumed.step >= options.max_steps)) {
+      log::main_info("{} has already finished training; nothing is left to do (pass another --run-dir for a new run)",
+                     options.run_dir);
+    }
   }
   int64_t step = resumed.step;
 
