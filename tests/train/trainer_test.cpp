@@ -14,6 +14,7 @@
 #include "support/gpu.h"
 #include "support/processes.h"
 #include "support/thread_ranks.h"
+#include "support/tiny_mnist.h"
 #include "tandem/data/image.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/tensor_dataset.h"
@@ -29,41 +30,8 @@ std::string make_temp_dir(const std::string& name) {
   return dir;
 }
 
-void write_be32(std::ofstream& out, uint32_t value) {
-  const unsigned char bytes[4] = {static_cast<unsigned char>(value >> 24), static_cast<unsigned char>(value >> 16),
-                                  static_cast<unsigned char>(value >> 8), static_cast<unsigned char>(value)};
-  out.write(reinterpret_cast<const char*>(bytes), 4);
-}
-
-// IDX files (uncompressed) for `count` 28x28 images whose label is drawn into the picture as a bright row, so
-// the CNN has something to learn; pixels otherwise pseudo-random but fixed.
-void write_split(const std::string& dir, const std::string& prefix, int count, uint32_t salt) {
-  std::ofstream images(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary);
-  std::ofstream labels(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary);
-  write_be32(images, 0x00000803);
-  write_be32(images, count);
-  write_be32(images, 28);
-  write_be32(images, 28);
-  write_be32(labels, 0x00000801);
-  write_be32(labels, count);
-  uint32_t state = 12345 + salt;
-  for (int i = 0; i < count; ++i) {
-    const unsigned char label = static_cast<unsigned char>((i * 7 + salt) % 10);
-    labels.put(static_cast<char>(label));
-    for (int p = 0; p < 28 * 28; ++p) {
-      state = state * 1664525u + 1013904223u;
-      unsigned char pixel = static_cast<unsigned char>((state >> 24) / 4);
-      if (p / 28 == 2 + 2 * label) pixel = 255;
-      images.put(static_cast<char>(pixel));
-    }
-  }
-}
-
 std::string write_tiny_mnist(const std::string& name, int train_count, int test_count) {
-  const std::string dir = make_temp_dir(name);
-  write_split(dir, "train", train_count, 0);
-  write_split(dir, "t10k", test_count, 3);
-  return dir;
+  return testing::write_tiny_mnist(make_temp_dir(name), train_count, test_count);
 }
 
 // Runs `tandem train ARGS` as ranks 0..world-1 (RANK/WORLD_SIZE/MASTER_* set by hand, as a launcher would).
