@@ -23,6 +23,8 @@ class NetworkNamespaces {
   // Host 0 or 1: its address (10.77.0.1, 10.77.0.2) and its end of the veth pair.
   std::string address(int host) const;
   const std::string& interface(int host) const { return interfaces_.at(static_cast<size_t>(host)); }
+  // The namespace of host `host`, for `ip netns exec`.
+  const std::string& name(int host) const { return namespaces_.at(static_cast<size_t>(host)); }
   // `argv` prefixed so that it runs inside host `host`: ip netns exec NAME ARGV...
   std::vector<std::string> on_host(int host, const std::vector<std::string>& argv) const;
   // Cuts host `host` off, as a pulled cable would: its end of the pair goes down and packets stop, with no
