@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "tandem/comm/gloo/gloo_communicator.h"
+#include "tandem/comm/local_address.h"
 #include "tandem/config.h"
 #include "tandem/util/error.h"
 #if TANDEM_HAVE_MPI
@@ -28,8 +29,9 @@ CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& st
                                   std::chrono::milliseconds timeout, const torch::Device& device) {
   if (backend == "gloo") {
     GlooOptions options;
-    // Ranks on one node talk over loopback; across nodes Gloo must bind an address the others can reach.
-    if (layout.local_world_size < layout.world_size) options.hostname = "";
+    // Ranks on one node talk over loopback; across nodes Gloo must bind an address the others can reach, and
+    // the one that leads to the master does, where the host name may resolve to loopback.
+    if (layout.local_world_size < layout.world_size) options.hostname = local_address_toward(layout.master_addr);
     return std::make_shared<GlooCommunicator>(store, layout.rank, layout.world_size, timeout, options);
   }
 #if TANDEM_HAVE_MPI

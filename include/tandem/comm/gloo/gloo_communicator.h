@@ -6,8 +6,9 @@
 namespace tandem::comm {
 
 struct GlooOptions {
-  // Address to bind; ranks on one host use loopback, "" means the address this host's name resolves to.
-  // GLOO_SOCKET_IFNAME, as in PyTorch, names an interface instead.
+  // Address to bind: loopback for ranks on one host, the address that routes to the master across hosts
+  // (local_address.h); "" means the address this host's name resolves to. GLOO_SOCKET_IFNAME, as in PyTorch,
+  // names an interface instead, and wins.
   std::string hostname = "127.0.0.1";
   // Gloo worker threads: collectives in flight at once (DDP keeps one per bucket in flight).
   int threads = 2;
