@@ -76,9 +76,16 @@ Image read_image(const std::string& path) {
     if (!problem.empty()) fail_decode(path, problem);
   }
   int width = 0, height = 0, channels_in_file = 0;
+  const auto* data = bytes.data();
+  const int size = static_cast<int>(bytes.size());
+  if (stbi_info_from_memory(data, size, &width, &height, &channels_in_file) &&
+      int64_t{width} * height > kMaxImagePixels) {
+    fail_decode(path, detail::concat(width, " x ", height, " pixels, more than the ", kMaxImagePixels,
+                                     " tandem decodes; scale the image down"));
+  }
   // desired_channels = 3 makes stb convert gray, gray+alpha, palette and RGBA to RGB (16-bit to 8-bit too).
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
-      stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &width, &height, &channels_in_file, 3),
+      stbi_load_from_memory(data, size, &width, &height, &channels_in_file, 3),
       stbi_image_free);
   if (!pixels) {
     const char* reason = stbi_failure_reason();
