@@ -62,6 +62,22 @@ std::string jpeg_huffman_table_problem(const std::vector<uint8_t>& bytes) {
   return "";
 }
 
+// stb_image 2.27 gathers the IDAT chunks of a PNG into a buffer it allocates at the first non-empty one, and
+// copies an empty chunk to a null pointer if it comes first (UBSan in fuzz/image_decoder_fuzzer). memcpy with
+// a null pointer is undefined behaviour even for 0 bytes, and lets the compiler drop stb's later null check of
+// that buffer. No encoder writes such a file, so it is refused. Walks the chunks by their lengths, as stb does.
+std::string png_empty_first_idat_problem(const std::vector<uint8_t>& bytes) {
+  for (size_t pos = 8; pos + 8 <= bytes.size();) {
+    const uint32_t length = (uint32_t{bytes[pos]} << 24) | (uint32_t{bytes[pos + 1]} << 16) |
+                            (uint32_t{bytes[pos + 2]} << 8) | uint32_t{bytes[pos + 3]};
+    if (std::memcmp(&bytes[pos + 4], "IDAT", 4) == 0) {
+      return length == 0 ? "corrupt PNG: an empty IDAT chunk before any image data" : "";
+    }
+    pos += 12 + size_t{length};  // length, type, data, CRC
+  }
+  return "";
+}
+
 }  // namespace
 
 Image read_image(const std::string& path) {
@@ -70,18 +86,23 @@ Image read_image(const std::string& path) {
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (file.bad()) fail_decode(path, "read error");
   if (bytes.size() > INT_MAX) fail_decode(path, "larger than 2 GiB");
-  // JPEG files start with 0xff (PNG with 0x89); stb takes any file that does as a JPEG candidate.
+  // JPEG files start with 0xff, and stb takes any file that does as a JPEG candidate; PNG files start with
+  // the 8-byte signature.
+  static constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  std::string problem;
   if (!bytes.empty() && bytes[0] == 0xff) {
-    const std::string problem = jpeg_huffman_table_problem(bytes);
-    if (!problem.empty()) fail_decode(path, problem);
+    problem = jpeg_huffman_table_problem(bytes);
+  } else if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngSignature, 8) == 0) {
+    problem = png_empty_first_idat_problem(bytes);
   }
+  if (!problem.empty()) fail_decode(path, problem);
   int width = 0, height = 0, channels_in_file = 0;
   const auto* data = bytes.data();
   const int size = static_cast<int>(bytes.size());
   if (stbi_info_from_memory(data, size, &width, &height, &channels_in_file) &&
       int64_t{width} * height > kMaxImagePixels) {
-    fail_decode(path, detail::concat(width, " x ", height, " pixels, more than the ", kMaxImagePixels,
-                                     " tandem decodes; scale the image down"));
+    fail_decode(path, detail::concat(width, " x ", height, " pixels, over tandem's limit of ", kMaxImagePixels,
+                                     "; scale the image down"));
   }
   // desired_channels = 3 makes stb convert gray, gray+alpha, palette and RGBA to RGB (16-bit to 8-bit too).
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
