@@ -62,18 +62,28 @@ std::string jpeg_huffman_table_problem(const std::vector<uint8_t>& bytes) {
   return "";
 }
 
-// stb_image 2.27 gathers the IDAT chunks of a PNG into a buffer it allocates at the first non-empty one, and
-// copies an empty chunk to a null pointer if it comes first (UBSan in fuzz/image_decoder_fuzzer). memcpy with
-// a null pointer is undefined behaviour even for 0 bytes, and lets the compiler drop stb's later null check of
-// that buffer. No encoder writes such a file, so it is refused. Walks the chunks by their lengths, as stb does.
-std::string png_empty_first_idat_problem(const std::vector<uint8_t>& bytes) {
+// Two PNG chunk layouts that stb_image 2.27 mishandles, both found by fuzz/image_decoder_fuzzer. It grows its
+// IDAT buffer to a chunk's declared length before reading the chunk, so a 78-byte file declaring a 2 GB IDAT
+// costs a 2 GB allocation; such a chunk runs past the end of the file, which stb would refuse only after
+// allocating. And it allocates that buffer at the first non-empty IDAT, so an empty one before it is copied to
+// a null pointer: undefined behaviour even for 0 bytes, which lets the compiler drop stb's later null check of
+// the buffer; no encoder writes one. Walks the chunks by their lengths up to IEND, as stb does.
+std::string png_chunk_problem(const std::vector<uint8_t>& bytes) {
+  bool idat_seen = false;
   for (size_t pos = 8; pos + 8 <= bytes.size();) {
     const uint32_t length = (uint32_t{bytes[pos]} << 24) | (uint32_t{bytes[pos + 1]} << 16) |
                             (uint32_t{bytes[pos + 2]} << 8) | uint32_t{bytes[pos + 3]};
-    if (std::memcmp(&bytes[pos + 4], "IDAT", 4) == 0) {
-      return length == 0 ? "corrupt PNG: an empty IDAT chunk before any image data" : "";
+    const uint8_t* type = &bytes[pos + 4];
+    if (std::memcmp(type, "IEND", 4) == 0) break;
+    const size_t chunk_end = pos + 12 + size_t{length};  // length, type, data, CRC
+    if (chunk_end > bytes.size()) {
+      return detail::concat("truncated PNG: a chunk of ", length, " bytes runs past the end of the file");
     }
-    pos += 12 + size_t{length};  // length, type, data, CRC
+    if (std::memcmp(type, "IDAT", 4) == 0) {
+      if (length == 0 && !idat_seen) return "corrupt PNG: an empty IDAT chunk before any image data";
+      idat_seen = true;
+    }
+    pos = chunk_end;
   }
   return "";
 }
@@ -93,7 +103,7 @@ Image read_image(const std::string& path) {
   if (!bytes.empty() && bytes[0] == 0xff) {
     problem = jpeg_huffman_table_problem(bytes);
   } else if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngSignature, 8) == 0) {
-    problem = png_empty_first_idat_problem(bytes);
+    problem = png_chunk_problem(bytes);
   }
   if (!problem.empty()) fail_decode(path, problem);
   int width = 0, height = 0, channels_in_file = 0;
