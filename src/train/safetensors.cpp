@@ -90,20 +90,27 @@ EntryLayout entry_layout(const json& entry, uint64_t data_size, const std::strin
 
   const json& shape = entry.at("shape");
   if (!shape.is_array()) bad_entry(path, name, "has a shape that is not a list: " + shape.dump());
-  // Checking the byte count at every step also keeps the element count inside LibTorch's int64_t.
+  // LibTorch keeps sizes, strides and element counts in int64_t. The bound is checked on the product of the
+  // non-zero extents, not on the byte count alone: a 0 anywhere makes that count 0, yet [0, 2^64 - 1] would
+  // still be a negative size to LibTorch, and [0, 2^62, 4] a stride past int64_t.
   constexpr uint64_t kMaxBytes = std::numeric_limits<int64_t>::max();
-  uint64_t bytes = c10::elementSize(layout.type);
+  uint64_t span = c10::elementSize(layout.type);
+  bool empty = false;
   for (const json& dimension : shape) {
     if (!dimension.is_number_unsigned()) {
       bad_entry(path, name, "has a shape that is not a list of non-negative integers: " + shape.dump());
     }
     const uint64_t extent = dimension.get<uint64_t>();
-    if (extent != 0 && bytes > kMaxBytes / extent) {
+    if (extent == 0) {
+      empty = true;
+    } else if (span > kMaxBytes / extent) {
       bad_entry(path, name, "has shape " + shape.dump() + ", too large for any file (over 2^63 bytes)");
+    } else {
+      span *= extent;
     }
-    bytes *= extent;
     layout.shape.push_back(static_cast<int64_t>(extent));
   }
+  const uint64_t bytes = empty ? 0 : span;
   if (layout.end - layout.begin != bytes) {
     bad_entry(path, name, detail::concat("has ", layout.end - layout.begin, " bytes but its dtype and shape need ",
                                          bytes));

@@ -14,7 +14,13 @@ struct Image {
   std::vector<uint8_t> pixels;  // row-major height x width x 3 (RGB)
 };
 
-// Throws InvalidArgument naming `path` and the decoder's reason if the file cannot be read or decoded.
+// The most pixels read_image decodes: 32 megapixels, more than the photos in any common training set. The
+// header's size is checked before decoding, because stb decodes a truncated file as if the missing data were
+// there: a crafted JPEG of under 1 KB can declare 65531 x 1020 pixels and cost 200 MB and seconds to decode.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 25;
+
+// Throws InvalidArgument naming `path` and the decoder's reason if the file cannot be read or decoded, also when
+// the image has more than kMaxImagePixels pixels.
 Image read_image(const std::string& path);
 
 // Writes `pixels` (row-major height x width x channels, channels 1 = gray, 3 = RGB, 4 = RGBA) as a PNG file.
