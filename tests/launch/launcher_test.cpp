@@ -18,6 +18,7 @@
 
 #include "support/listening_sockets.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/launch/worker_environment.h"
 
@@ -26,24 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::ProcessResult;
+using testing::ScratchDir;
 
 constexpr auto kDeadline = 20s;
-
-// A fresh directory for one test's pid and log files, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem_launch_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 ProcessResult tandem_run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv{testing::tandem_cli(), "run"};

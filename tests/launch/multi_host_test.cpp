@@ -14,6 +14,7 @@
 
 #include "support/network_namespaces.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 #include "support/tiny_datasets.h"
 
 namespace tandem {
@@ -22,6 +23,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::NetworkNamespaces;
 using testing::ProcessResult;
+using testing::ScratchDir;
 
 // Both launchers' deadline for a job that should succeed: rendezvous, one short epoch, evaluation.
 constexpr auto kJobDeadline = 120s;
@@ -29,20 +31,6 @@ constexpr auto kJobDeadline = 120s;
 // tracker watches heartbeats, the launcher stopping, a loaded machine).
 constexpr int kTimeoutSeconds = 10;
 constexpr auto kExitMargin = 15s;
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem_hosts_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);

@@ -11,26 +11,13 @@
 
 #include "support/network_namespaces.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 #include "support/tiny_datasets.h"
 
 namespace tandem::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem_mpi_hosts_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~ScratchDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Open MPI calls its rsh agent as `AGENT [OPTIONS] HOST COMMAND...`; this one runs COMMAND in HOST's namespace.
 std::string write_rsh_agent(const ScratchDir& dir, const NetworkNamespaces& hosts) {
