@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -24,6 +25,8 @@ class CollectiveTracker {
   // How long a rank's published value must stand still before a failure calls it lost: five ticks, so that a
   // busy machine that delays one tick does not make a live rank look lost.
   static constexpr std::chrono::milliseconds kSilence{1000};
+  // How long a failure waits for the store to answer its questions before it calls the store unreachable.
+  static constexpr std::chrono::milliseconds kDiagnosisDeadline{6000};
 
   CollectiveTracker(StorePtr store, int rank, int world_size);
   ~CollectiveTracker();
@@ -35,25 +38,17 @@ class CollectiveTracker {
 
   // Turns a backend failure of collective `sequence` into TimeoutError or CommError with a message naming the
   // operation, this rank, and the ranks that were lost or never reached it. Takes kSilence to watch the
-  // heartbeats. Never returns.
+  // heartbeats, and at most kDiagnosisDeadline when the store does not answer. Never returns.
   [[noreturn]] void fail(const std::string& operation, uint64_t sequence, const std::string& backend_message,
                          std::chrono::milliseconds timeout);
 
- private:
-  void publish_loop();
-  // What the store says about the other ranks, for the failure message of collective `sequence`.
-  std::string diagnose(uint64_t sequence);
-  std::vector<int> silent_ranks();
-  // Rank r's last published "<count> <tick>", or "" before its first.
-  std::string published(int rank);
+  // The state the background threads use, shared with them (defined in collective_tracker.cpp): LibTorch
+  // 2.x's TCPStore client waits for an answer without a deadline, so a thread caught in a call to a store whose
+  // host is gone may never return, and it must then be left behind without touching a destroyed tracker.
+  struct Shared;
 
-  StorePtr store_;
-  int rank_;
-  int world_size_;
-  std::atomic<uint64_t> issued_{0};
-  std::mutex mutex_;
-  std::condition_variable stop_signal_;
-  bool stopping_ = false;
+ private:
+  std::shared_ptr<Shared> shared_;
   std::thread publisher_;
 };
 
