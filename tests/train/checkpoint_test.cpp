@@ -1,6 +1,6 @@
 // Checkpoints restore model and optimizer exactly (the next step after loading equals the next step of the
-// original), the newest checkpoint and the newest run are found by number, and the cosine schedule matches the
-// seeds' lambda.
+// original), for any optimizer, refuse another kind of optimizer and a damaged optimizer state, and the cosine
+// schedule matches the seeds' lambda.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,42 +8,41 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 
+#include "support/tiny_datasets.h"
 #include "tandem/nn/cnn_net.h"
 #include "tandem/train/checkpoint.h"
+#include "tandem/train/run_directory.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/metrics.h"
+#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
 namespace {
 
-std::string make_temp_dir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "tandem_ckpt_" + std::to_string(::getpid()) + "_" + name;
-  ::mkdir(dir.c_str(), 0755);
-  return dir;
+using testing::make_temp_dir;
+
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(nn::CnnNet&)>;
+
+std::unique_ptr<torch::optim::Optimizer> make_sgd(nn::CnnNet& net) {
+  return std::make_unique<torch::optim::SGD>(net->parameters(),
+                                             torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.005));
 }
 
-torch::optim::SGD make_sgd(nn::CnnNet& net) {
-  return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.005));
-}
-
-void sgd_step(nn::CnnNet& net, torch::optim::SGD& sgd, int64_t seed) {
+void train_step(nn::CnnNet& net, torch::optim::Optimizer& optimizer, int64_t seed) {
   torch::manual_seed(seed);
   torch::Tensor x = torch::randn({4, 1, 28, 28});
   torch::Tensor y = torch::randint(0, 10, {4});
-  sgd.zero_grad();
+  optimizer.zero_grad();
   torch::nn::functional::cross_entropy(net->forward(x), y).backward();
-  sgd.step();
+  optimizer.step();
 }
 
-TEST(Checkpoint, RestoresWeightsAndMomentumSoTheNextStepIsIdentical) {
-  const std::string dir = make_temp_dir("restore");
-  torch::manual_seed(1);
-  nn::CnnNet original;
-  auto sgd = make_sgd(original);
-  sgd_step(original, sgd, 10);
-  sgd_step(original, sgd, 11);
+CheckpointState sample_state() {
   CheckpointState state;
   state.epoch = 2;
   state.batches_done = 0;
@@ -54,25 +53,155 @@ TEST(Checkpoint, RestoresWeightsAndMomentumSoTheNextStepIsIdentical) {
   state.epochs = 10;
   state.sampler_seed = 42;
   state.world_size = 2;
-  const std::string path = checkpoint_path(dir, state.epoch, state.batches_done);
-  save_checkpoint(path, *original, sgd, state);
+  return state;
+}
+
+struct OptimizerCase {
+  const char* name;
+  OptimizerFactory make;
+};
+
+class CheckpointOfOptimizer : public ::testing::TestWithParam<OptimizerCase> {};
+
+// The optimizer's whole state comes back (SGD momentum; Adam's moments and step counts, AdamW's too): the step
+// after a load equals the original's next step bit for bit.
+TEST_P(CheckpointOfOptimizer, RestoresWeightsAndStateSoTheNextStepIsIdentical) {
+  const std::string dir = make_temp_dir(std::string("restore_") + GetParam().name);
+  torch::manual_seed(1);
+  nn::CnnNet original;
+  auto optimizer = GetParam().make(original);
+  train_step(original, *optimizer, 10);
+  train_step(original, *optimizer, 11);
+  const std::string path = checkpoint_path(dir, 2, 0);
+  save_checkpoint(path, *original, *optimizer, sample_state());
 
   torch::manual_seed(2);  // different initial weights: everything must come from the file
   nn::CnnNet restored;
-  auto restored_sgd = make_sgd(restored);
-  CheckpointState loaded = load_checkpoint(path, *restored, restored_sgd);
+  auto restored_optimizer = GetParam().make(restored);
+  CheckpointState loaded = load_checkpoint(path, *restored, *restored_optimizer);
   EXPECT_EQ(loaded.epoch, 2);
   EXPECT_EQ(loaded.step, 2);
   EXPECT_EQ(loaded.sampler_seed, 42u);
   EXPECT_EQ(loaded.world_size, 2);
   EXPECT_DOUBLE_EQ(loaded.lr, 0.05);
 
-  sgd_step(original, sgd, 12);
-  sgd_step(restored, restored_sgd, 12);
+  train_step(original, *optimizer, 12);
+  train_step(restored, *restored_optimizer, 12);
   auto a = original->named_parameters(), b = restored->named_parameters();
   for (const auto& item : a) {
     EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key() << " differs after the step following a load";
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, CheckpointOfOptimizer,
+    ::testing::Values(
+        OptimizerCase{"SGD", make_sgd},
+        OptimizerCase{"Adam",
+                      [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3));
+                      }},
+        OptimizerCase{"AdamW",
+                      [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                                                     torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
+                      }},
+        OptimizerCase{"RMSprop",
+                      [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::RMSprop>(net->parameters(),
+                                                                       torch::optim::RMSpropOptions(1e-3).momentum(0.9));
+                      }}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+
+std::string load_error(const std::string& path, nn::CnnNet& net, torch::optim::Optimizer& optimizer) {
+  try {
+    load_checkpoint(path, *net, optimizer);
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, ResumingWithAnotherKindOfOptimizerIsOneLineNamingBoth) {
+  const std::string dir = make_temp_dir("other_kind");
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  train_step(net, *sgd, 1);
+  const std::string path = checkpoint_path(dir, 1, 0);
+  save_checkpoint(path, *net, *sgd, sample_state());
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  const std::string error = load_error(path, net, adam);
+  EXPECT_NE(error.find("torch::optim::SGD"), std::string::npos) << error;
+  EXPECT_NE(error.find("torch::optim::Adam"), std::string::npos) << error;
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+TEST(Checkpoint, ADamagedOptimizerStateIsRefusedBeforeLibTorchParsesIt) {
+  const std::string dir = make_temp_dir("damaged_optimizer");
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  train_step(net, *sgd, 1);
+  const std::string path = checkpoint_path(dir, 1, 0);
+  save_checkpoint(path, *net, *sgd, sample_state());
+  TensorFile file = load_safetensors(path);
+  for (auto& [name, tensor] : file.tensors) {
+    if (name == "optimizer.archive") tensor.data_ptr<uint8_t>()[tensor.numel() / 2] ^= 0x5a;
+  }
+  save_safetensors(path, file.tensors, file.metadata);
+  const std::string error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find("optimizer state is missing or damaged"), std::string::npos) << error;
+}
+
+TEST(Checkpoint, ExtraStateRoundTrips) {
+  const std::string dir = make_temp_dir("extra");
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  ExtraState extra;
+  extra.tensors["ema.bias"] = torch::arange(5, torch::kFloat32);
+  extra.values["best_accuracy"] = "0.9125";
+  const std::string path = checkpoint_path(dir, 1, 0);
+  save_checkpoint(path, *net, *sgd, sample_state(), extra);
+  ExtraState loaded;
+  load_checkpoint(path, *net, *sgd, &loaded);
+  ASSERT_EQ(loaded.tensors.count("ema.bias"), 1u);
+  EXPECT_TRUE(torch::equal(loaded.tensors["ema.bias"], extra.tensors["ema.bias"]));
+  EXPECT_EQ(loaded.values["best_accuracy"], "0.9125");
+  EXPECT_EQ(loaded.tensors.size(), 1u) << "only the extra.* entries";
+}
+
+// Checkpoints of the first format (SGD momentum by parameter name) still continue an SGD run: with momentum
+// buffer M restored and gradient G, the next step moves each parameter by -lr * (0.9 * M + G).
+TEST(Checkpoint, FirstFormatCheckpointsStillRestoreSgdMomentum) {
+  const std::string dir = make_temp_dir("first_format");
+  torch::manual_seed(1);
+  nn::CnnNet net;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (auto& [name, tensor] : named_state(*net)) tensors.emplace_back("model." + name, tensor.clone());
+  std::map<std::string, torch::Tensor> momentum;
+  for (const auto& item : net->named_parameters()) {
+    momentum[item.key()] = torch::randn(item.value().sizes());
+    tensors.emplace_back("optimizer.momentum." + item.key(), momentum[item.key()]);
+  }
+  const std::string path = checkpoint_path(dir, 1, 0);
+  save_safetensors(path, tensors,
+                   {{"format", "tandem-checkpoint-1"}, {"epoch", "1"}, {"batches_done", "0"}, {"step", "1"},
+                    {"lr", "0.05"}, {"base_lr", "0.05"}, {"lrf", "0.1"}, {"epochs", "10"}, {"sampler_seed", "0"},
+                    {"world_size", "1"}});
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  load_checkpoint(path, *net, sgd);
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& item : net->named_parameters()) {
+    before[item.key()] = item.value().detach().clone();
+    item.value().mutable_grad() = torch::full(item.value().sizes(), 0.5);
+  }
+  sgd.step();
+  for (const auto& item : net->named_parameters()) {
+    const torch::Tensor expected = before[item.key()] - 0.05 * (0.9 * momentum[item.key()] + 0.5);
+    EXPECT_TRUE(torch::allclose(item.value(), expected, 1e-6, 1e-7)) << item.key();
+  }
+  torch::optim::Adam adam(net->parameters());
+  EXPECT_NE(load_error(path, net, adam).find("SGD state only"), std::string::npos);
 }
 
 TEST(Checkpoint, RefusesAFileThatIsNotACheckpoint) {
@@ -80,66 +209,15 @@ TEST(Checkpoint, RefusesAFileThatIsNotACheckpoint) {
   nn::CnnNet net;
   auto sgd = make_sgd(net);
   const std::string path = dir + "/weights.safetensors";
-  save_checkpoint(path, *net, sgd, {});
+  save_checkpoint(path, *net, *sgd, {});
   // A weights-only file (no checkpoint metadata) is refused with the file named.
   std::ofstream(path, std::ios::trunc | std::ios::binary).write("\x02\0\0\0\0\0\0\0{}", 10);
   try {
-    load_checkpoint(path, *net, sgd);
+    load_checkpoint(path, *net, *sgd);
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
   }
-}
-
-TEST(Checkpoint, FindsTheNewestAndIgnoresTempFiles) {
-  const std::string dir = make_temp_dir("latest");
-  EXPECT_FALSE(find_latest_checkpoint(dir).has_value());
-  for (auto [epoch, batch] : {std::pair{1, 0}, std::pair{10, 0}, std::pair{2, 0}, std::pair{10, 5}}) {
-    std::ofstream(checkpoint_path(dir, epoch, batch)) << "x";
-  }
-  std::ofstream(checkpoint_path(dir, 11, 0) + ".tmp.123") << "partial";
-  EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10, 5));
-}
-
-TEST(Checkpoint, NewestComparesTheNumbersInTheNames) {
-  const std::string dir = make_temp_dir("numbers");
-  // Unpadded names, and numbers wider than checkpoint_path pads them to.
-  for (const char* name : {"checkpoint-9-0.safetensors", "checkpoint-10-0.safetensors", "checkpoint-2-7.safetensors"}) {
-    std::ofstream(dir + "/" + name) << "x";
-  }
-  EXPECT_EQ(find_latest_checkpoint(dir).value(), dir + "/checkpoint-10-0.safetensors");
-  std::ofstream(checkpoint_path(dir, 9999, 0)) << "x";
-  std::ofstream(checkpoint_path(dir, 10000, 0)) << "x";
-  EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10000, 0));
-  std::ofstream(checkpoint_path(dir, 10000, 99999999)) << "x";
-  std::ofstream(checkpoint_path(dir, 10000, 100000000)) << "x";
-  EXPECT_EQ(find_latest_checkpoint(dir).value(), checkpoint_path(dir, 10000, 100000000));
-}
-
-TEST(Checkpoint, PruningKeepsTheNewestAndRemovingUnfinishedWritesKeepsEveryCheckpoint) {
-  const std::string dir = make_temp_dir("prune");
-  for (int batch : {10, 2, 0, 7}) std::ofstream(checkpoint_path(dir, 3, batch)) << "x";
-  std::ofstream(checkpoint_path(dir, 4, 0) + ".tmp.77") << "partial";
-  std::ofstream(dir + "/metrics.jsonl") << "{}";
-  remove_unfinished_checkpoints(dir);
-  EXPECT_FALSE(std::filesystem::exists(checkpoint_path(dir, 4, 0) + ".tmp.77"));
-  EXPECT_EQ(list_checkpoints(dir).size(), 4u);
-  prune_checkpoints(dir, 2);
-  EXPECT_EQ(list_checkpoints(dir), (std::vector<std::string>{checkpoint_path(dir, 3, 7), checkpoint_path(dir, 3, 10)}));
-  prune_checkpoints(dir, 0);
-  EXPECT_EQ(list_checkpoints(dir).size(), 2u) << "0 keeps them all";
-  EXPECT_TRUE(std::filesystem::exists(dir + "/metrics.jsonl"));
-}
-
-TEST(Checkpoint, NewestRunIsTheLatestTimestampThenTheHighestSuffix) {
-  const std::string runs = make_temp_dir("runs");
-  EXPECT_EQ(newest_run_dir(runs), "");
-  for (const char* name : {"20240501-120000", "20240501-120000-9", "20240501-120000-10", "20240430-235959-11"}) {
-    ::mkdir((runs + "/" + name).c_str(), 0755);
-    std::ofstream(checkpoint_path(runs + "/" + name, 1, 0)) << "x";
-  }
-  ::mkdir((runs + "/20240501-120000-12").c_str(), 0755);  // started, but no checkpoint yet
-  EXPECT_EQ(newest_run_dir(runs), runs + "/20240501-120000-10");
 }
 
 TEST(CosineSchedule, MatchesTheSeedsLambda) {

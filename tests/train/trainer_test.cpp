@@ -21,6 +21,8 @@
 #include "tandem/data/image_folder.h"
 #include "tandem/data/tensor_dataset.h"
 #include "tandem/train/checkpoint.h"
+#include "tandem/train/evaluation.h"
+#include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/train/trainer.h"
 

@@ -2,31 +2,42 @@
 // The seeds' learning-rate schedule (Bag of Tricks, arXiv:1812.01187): a cosine per epoch from lr down to
 // lr * lrf, applied as PyTorch's LambdaLR with
 //   lf(epoch) = ((1 + cos(epoch * pi / epochs)) / 2) * (1 - lrf) + lrf
-// Epoch e (0-based) trains with base_lr * lf(e). The schedule is a pure function of the epoch, so a
-// checkpoint needs to store only the epoch to restore it.
+// Epoch e (0-based) trains with base_lr * lf(e). An optional linear warmup (Goyal et al., arXiv:1706.02677, for
+// the large batches of many ranks) scales the first warmup_steps optimizer steps by (step + 1) / warmup_steps.
+// The schedule is a pure function of (epoch, step), so a checkpoint restores it from those two numbers.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace tandem::train {
 
 class CosineSchedule {
  public:
-  // base_lr is the already world-size-scaled rate; epochs > 0.
-  CosineSchedule(double base_lr, double lrf, int epochs) : base_lr_(base_lr), lrf_(lrf), epochs_(epochs) {}
+  // base_lr is the already world-size-scaled rate; epochs > 0; warmup_steps >= 0 (0: none).
+  CosineSchedule(double base_lr, double lrf, int epochs, int64_t warmup_steps = 0)
+      : base_lr_(base_lr), lrf_(lrf), epochs_(epochs), warmup_steps_(warmup_steps) {}
 
   double factor(int epoch) const {
     constexpr double kPi = 3.14159265358979323846;
     return ((1.0 + std::cos(epoch * kPi / epochs_)) / 2.0) * (1.0 - lrf_) + lrf_;
   }
+  double warmup_factor(int64_t step) const {
+    return step < warmup_steps_ ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps_) : 1.0;
+  }
+  // The rate of the optimizer step `step` (0-based, counted from the start of the run) inside epoch `epoch`.
+  double lr(int epoch, int64_t step) const { return base_lr_ * factor(epoch) * warmup_factor(step); }
   double lr(int epoch) const { return base_lr_ * factor(epoch); }
 
   double base_lr() const { return base_lr_; }
   double lrf() const { return lrf_; }
   int epochs() const { return epochs_; }
+  int64_t warmup_steps() const { return warmup_steps_; }
 
  private:
   double base_lr_;
   double lrf_;
   int epochs_;
+  int64_t warmup_steps_;
 };
 
 }  // namespace tandem::train

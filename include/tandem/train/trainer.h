@@ -1,26 +1,16 @@
 #pragma once
-// The training loop of `tandem train` (the seeds' train_multi_GPU main(), done right), in the library so that
+// `tandem train`: the seeds' training program (train_multi_GPU's main(), done right), in the library so that
 // tests drive it directly. Every rank calls train() with the same options; apps/train.cpp only parses flags.
-//
-// Per epoch: the DistributedSampler's order for (seed, epoch), SGD steps on DDP-averaged gradients with the
-// cosine schedule's lr, then evaluation on the test split sharded across ranks, each test sample counted once.
-// Rank 0 prints `[epoch E] loss L accuracy A lr X`, appends RUN_DIR/metrics.jsonl and writes a checkpoint.
-// A non-finite loss on any rank stops every rank at the same step (the flag travels with the loss all-reduce)
-// with NonFiniteLossError naming the rank(s) and the step.
-//
-// Test hook: environment variable TANDEM_INJECT_NAN_AT_STEP=RANK:STEP makes rank RANK's loss NaN at optimizer
-// step STEP (0-based, counted from the start of the run).
+// It opens --data (data/data_folder.h), builds the --model from the registry, loads --init weights, swaps in
+// SyncBatchNorm, freezes layers, makes the seeds' SGD and hands all of it to the training loop (train/loop.h),
+// which does the rest: DDP, the schedule, evaluation, metrics, checkpoints and resume.
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "tandem/comm/communicator.h"
-#include "tandem/data/batch_loader.h"
 #include "tandem/data/mnist_dataset.h"
-#include "tandem/train/metrics.h"
-#include "tandem/util/error.h"
+#include "tandem/train/loop.h"
 
 namespace tandem::train {
 
@@ -68,47 +58,10 @@ struct TrainOptions {
   bool progress = true;                    // rank 0's progress bar / periodic lines
 };
 
-struct TrainResult {
-  std::vector<EpochMetrics> epochs;  // the epochs this call evaluated
-  int64_t steps = 0;                 // optimizer steps since the start of the run (resumed runs included)
-  std::string run_dir;
-};
-
-// Thrown on every rank, at the same step, when any rank's loss is not finite.
-class NonFiniteLossError : public Error {
- public:
-  using Error::Error;
-};
-
 // Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same
 // group on every rank; the function issues the same collectives in the same order everywhere, so a failure
 // it detects (bad file, non-finite loss) is raised on all ranks rather than leaving some waiting.
 TrainResult train(const TrainOptions& options, const comm::CommunicatorPtr& communicator);
-
-// Correct predictions and samples counted over all ranks' shards of a test set.
-struct EvalCounts {
-  int64_t correct = 0;
-  int64_t total = 0;
-  double accuracy() const { return total > 0 ? static_cast<double>(correct) / total : 0.0; }
-};
-
-// Evaluates `forward` (images -> logits) on `loader`'s epoch `epoch` under NoGradGuard, counting only the real
-// rows of each batch (DistributedSampler padding excluded), then sums the counts over the ranks, so every test
-// sample counts exactly once whatever the world size. Collective: all ranks call it together.
-EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& forward, data::BatchLoader& loader,
-                    int64_t epoch, comm::Communicator* communicator);
-
-// The training crop's default smallest area fraction for --image-size `image_size`: the one that keeps the
-// smallest crop at torchvision's 0.08 * 224^2 pixels (about 63x63) of output, i.e. 0.08 at 224 and above,
-// 0.32 at 112, 0.98 at 64, and 1 (whole image, aspect jitter and flip only) at 32. An 8% crop of a thumbnail is a
-// few source pixels across and rarely still shows the object: on Fashion-MNIST at 32 px, ResNet-18 reached 83.6%
-// in 5 epochs with a 0.56 floor and 87.0% with 1 (docs/data_pipeline.md).
-double default_min_crop_scale(int64_t image_size);
-// Validation resizes the shorter side to image_size * this, then center-crops image_size: torchvision's 256/224
-// at 224 and above, nearer 1 as the resolution falls (1.02 at 32), because small images (Fashion-MNIST's 28 px
-// garments fill the frame) lose their edges to the crop and then no longer look like the training crops, which
-// cover up to the whole image.
-double default_val_resize_ratio(int64_t image_size);
 
 // The resolved configuration as `key: value` lines (what rank 0 prints at start).
 std::string describe(const TrainOptions& options, int world_size);

@@ -1,0 +1,45 @@
+#pragma once
+// What `tandem train --data DIR` opens: a folder of MNIST files (train-/t10k- IDX images and labels; evaluation
+// on t10k) or an image folder (one sub-folder of .jpg/.png images per class; evaluation on a stratified
+// val_split of it, see image_folder.h), told apart by what the folder holds.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/data/dataset.h"
+#include "tandem/data/image_folder.h"
+#include "tandem/data/mnist_dataset.h"
+
+namespace tandem::data {
+
+struct DataFolderOptions {
+  std::string dir;
+  std::optional<Normalization> normalization;  // MNIST only; unset: guessed from the folder's name
+  // Image folders only. image_size 0: 224 (MNIST files refuse any size but their own); min_crop_scale 0: by
+  // image size (crop_defaults.h).
+  int64_t image_size = 0;
+  double val_split = 0.2;
+  double min_crop_scale = 0;
+  bool skip_bad_images = false;
+  uint64_t seed = 0;  // the validation split and the augmentation
+};
+
+struct DataFolder {
+  bool is_mnist = false;
+  std::shared_ptr<const Dataset> train, eval;
+  std::shared_ptr<ImageFolderDataset> image_train;  // image folders: the training set, for set_epoch
+  std::vector<std::string> classes;                  // image folders: label i's folder name
+  // The samples' shape, for the model: [in_channels, image_size, image_size], labels below num_classes.
+  int64_t in_channels = 1;
+  int64_t image_size = 28;
+  int64_t num_classes = 10;
+};
+
+// Opens `options.dir` and resolves options' data-dependent defaults (image_size, min_crop_scale) in place, so
+// that every rank and the printed configuration see the same values. Throws InvalidArgument naming the folder
+// when it holds neither kind, or --image-size for MNIST files of another size.
+DataFolder open_data_folder(DataFolderOptions& options);
+
+}  // namespace tandem::data

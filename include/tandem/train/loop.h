@@ -1,0 +1,142 @@
+#pragma once
+// The training loop, for a user's own model, loss, optimizer and data sets: what `tandem train` runs, and what
+// the seeds' train_one_epoch/evaluate do by hand, with DDP and the rest built in. On every rank:
+//
+//   tandem::init_process_group();
+//   Net net;                                                  // any module; seed it the same on every rank
+//   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
+//   tandem::train::LoopOptions options;
+//   options.epochs = 5;
+//   tandem::train::Loop loop(options);                       // the process group of init_process_group()
+//   loop.callbacks().on_epoch_end = [](const tandem::train::EpochMetrics& m) { ... };
+//   loop.fit(net, optimizer, train_set, test_set);           // data::Dataset pointers (data/torch_dataset.h
+//                                                             // adapts torch::data datasets)
+//
+// What fit() does, per epoch: the DistributedSampler's order for (seed, epoch), one optimizer step per batch on
+// DDP-averaged gradients (every rank starts from rank 0's weights), the learning rate from the cosine schedule
+// (lr_schedule.h), then evaluation on the test set sharded across ranks, each test sample counted once. Rank 0
+// shows a progress bar, appends RUN_DIR/metrics.jsonl and writes a checkpoint (model, optimizer, schedule,
+// sampler position, every rank's RNG state, the callbacks' extra state); a run dir holding one is continued
+// from it, ending bit-identical to an uninterrupted run. A non-finite loss on any rank stops every rank at the
+// same step with NonFiniteLossError.
+//
+// Test hook: environment variable TANDEM_INJECT_NAN_AT_STEP=RANK:STEP makes rank RANK's loss NaN at optimizer
+// step STEP (0-based, counted from the start of the run).
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/data/dataset.h"
+#include "tandem/nn/model_holder.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/metrics.h"
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+
+// output, target -> a scalar loss (the mean over the batch, as the loss is averaged over ranks as well).
+using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+// The default loss: cross-entropy on logits (the seeds' softmax before it was a bug: it trains on the wrong
+// gradients).
+torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tensor& target);
+
+struct LoopOptions {
+  int epochs = 10;
+  int64_t batch_size = 64;      // per rank
+  int64_t max_steps = 0;        // stop after this many optimizer steps in all; 0: no limit
+  uint64_t seed = 0;            // the data order, as PyTorch's DistributedSampler's seed
+  bool shuffle = true;
+  bool drop_last = true;        // training: drop each rank's last partial batch (evaluation keeps every sample)
+  LossFunction loss = cross_entropy_loss;
+  // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the world size
+  // (the seeds' linear scaling) unless scale_lr_by_world_size is off, then decayed by a cosine per epoch to
+  // base * lrf, after warmup_steps of linear warmup.
+  double lrf = 0.1;             // 1: a constant rate
+  int64_t warmup_steps = 0;
+  bool scale_lr_by_world_size = true;
+  // Where the model and the batches live. On a GPU, batches are prefetched into pinned memory and copied without
+  // blocking the host.
+  torch::Device device = torch::kCPU;
+  int64_t prefetch_batches = 2;
+  // Empty: runs/<timestamp>, chosen by rank 0. A run_dir that holds a checkpoint is continued from its newest
+  // one, so a restarted job (tandem run --max-restarts) picks up where it stopped.
+  std::string run_dir;
+  bool resume = false;          // without run_dir: continue the newest run under runs/
+  bool checkpoint = true;       // rank 0 writes a checkpoint at each epoch end (and when max_steps stops the run)
+  int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
+  int keep_checkpoints = 3;     // the newest this many stay in run_dir; 0: all
+  int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never
+  bool progress = true;         // rank 0's progress bar / periodic lines
+};
+
+struct StepInfo {
+  int epoch = 0;
+  int64_t batch = 0;  // 0-based, within the epoch
+  int64_t step = 0;   // optimizer steps done since the start of the run, this one included
+  double loss = 0;    // this step's loss, averaged over the ranks
+  double lr = 0;      // the first param group's rate for this step
+};
+
+// Every callback is optional. Those that every rank runs must issue the same collectives on every rank.
+struct LoopCallbacks {
+  // every rank, once the run dir is chosen and the ranks agree on their data, before training; a throw on any
+  // rank stops every rank
+  std::function<void(const std::string& run_dir)> on_run_start;
+  std::function<void(int epoch)> on_epoch_start;            // every rank, before the epoch's first batch
+  std::function<void(const StepInfo&)> on_step;             // every rank, after each optimizer step
+  std::function<void(const EpochMetrics&)> on_epoch_end;    // every rank, after evaluation
+  std::function<ExtraState()> save_extra;                   // rank 0, into each checkpoint
+  std::function<void(const ExtraState&)> load_extra;        // every rank, when a run is continued
+};
+
+struct TrainResult {
+  std::vector<EpochMetrics> epochs;  // the epochs this call evaluated
+  int64_t steps = 0;                 // optimizer steps since the start of the run (resumed runs included)
+  std::string run_dir;
+};
+
+// Thrown on every rank, at the same step, when any rank's loss is not finite.
+class NonFiniteLossError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Loop {
+ public:
+  // Uses the process group of init_process_group(), or a world of one if none was initialised.
+  explicit Loop(LoopOptions options = {});
+  // `communicator` null: a world of one. It must be the same group on every rank.
+  Loop(LoopOptions options, comm::CommunicatorPtr communicator);
+
+  LoopCallbacks& callbacks() { return callbacks_; }
+  const LoopOptions& options() const { return options_; }
+
+  // Trains `model` (forward(batch.data) -> output for the loss; logits for evaluation's accuracy) with
+  // `optimizer`, which must hold the model's trainable parameters. eval_set null: no evaluation. Collective:
+  // every rank calls it with the same model architecture, optimizer kind and data. The model is moved to
+  // options().device and wrapped in DDP for the run; it holds the trained weights afterwards.
+  TrainResult fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
+                  std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
+
+  // Any module holder (a TORCH_MODULE type, torch::nn::Sequential), std::shared_ptr to a module, or AnyModule.
+  template <typename Model, typename = std::enable_if_t<!std::is_same_v<std::decay_t<Model>, nn::ModelHolder>>>
+  TrainResult fit(Model model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+                  std::shared_ptr<const data::Dataset> eval_set) {
+    return fit(nn::hold_model(std::move(model)), optimizer, std::move(train_set), std::move(eval_set));
+  }
+
+ private:
+  LoopOptions options_;
+  comm::CommunicatorPtr communicator_;
+  LoopCallbacks callbacks_;
+};
+
+}  // namespace tandem::train

@@ -1,0 +1,37 @@
+#pragma once
+// Where a run keeps its files: RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors (train/checkpoint.h), metrics.jsonl
+// and, for image folders, class_indices.json. Runs without a --run-dir go to runs/<timestamp>.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::train {
+
+// runs_dir/YYYYmmdd-HHMMSS of the current local time, with a -N suffix if that name is taken. Not created.
+std::string timestamped_run_dir(const std::string& runs_dir = "runs");
+
+// RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors for (epoch, batches_done); names sort in training order.
+std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
+
+// The checkpoints in run_dir, oldest first (epoch, then batch, compared as numbers). Temp files of an
+// interrupted write are not checkpoints.
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
+
+// The newest of list_checkpoints(run_dir), or nullopt if there is none.
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
+
+// Deletes the temp files of checkpoint writes that never finished (their process was killed); call only while
+// no other process writes checkpoints into run_dir.
+void remove_unfinished_checkpoints(const std::string& run_dir);
+
+// Deletes all but the newest `keep` checkpoints in run_dir; keep <= 0 keeps them all. Throws Error naming a
+// file that cannot be removed.
+void prune_checkpoints(const std::string& run_dir, int keep);
+
+// RUNS_DIR/NAME of the newest run under runs_dir that holds a checkpoint, or "" if none does. Run names are
+// timestamped_run_dir's, YYYYmmdd-HHMMSS with a -N suffix when that second is taken; the numbers in them are
+// compared as numbers, so -10 is newer than -9.
+std::string newest_run_dir(const std::string& runs_dir);
+
+}  // namespace tandem::train

@@ -1,0 +1,79 @@
+#include "tandem/data/data_folder.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "tandem/data/crop_defaults.h"
+#include "tandem/util/error.h"
+
+namespace tandem::data {
+namespace {
+
+bool is_image_folder(const std::string& dir) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(error) && !name.empty() && name[0] != '.') return true;
+  }
+  return false;
+}
+
+DataFolder open_mnist_files(const DataFolderOptions& o) {
+  DataFolder d;
+  d.is_mnist = true;
+  const Normalization normalization = o.normalization ? *o.normalization : guess_normalization(o.dir);
+  auto train_set = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTrain, normalization);
+  d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, normalization);
+  const int64_t side = train_set->images().size(2);
+  if (o.image_size != 0 && o.image_size != side) {
+    throw InvalidArgument(fmt::format("--image-size {}: {} holds MNIST files of {}x{} images, which are used as "
+                                      "they are; drop --image-size, or export an image folder (tandem "
+                                      "export-images DIR) to train at another size",
+                                      o.image_size, o.dir, side, side));
+  }
+  d.in_channels = train_set->images().size(1);
+  d.image_size = side;
+  d.num_classes = std::max<int64_t>(10, train_set->labels().max().item<int64_t>() + 1);
+  d.train = train_set;
+  return d;
+}
+
+DataFolder open_image_folder(DataFolderOptions& o) {
+  DataFolder d;
+  ImageFolderSplit split = read_split_data(o.dir, o.val_split, o.seed);
+  if (o.image_size == 0) o.image_size = 224;
+  if (o.min_crop_scale == 0) o.min_crop_scale = default_min_crop_scale(o.image_size);
+  ImageFolderOptions folder;
+  folder.transform.image_size = o.image_size;
+  folder.transform.min_crop_scale = o.min_crop_scale;
+  folder.transform.resize_ratio = default_val_resize_ratio(o.image_size);
+  folder.num_threads = std::max(1, torch::get_num_threads());
+  folder.skip_bad_images = o.skip_bad_images;
+  folder.seed = o.seed;
+  ImageFolderOptions eval_folder = folder;
+  folder.transform.train = true;
+  d.image_train = std::make_shared<ImageFolderDataset>(std::move(split.train), folder);
+  d.eval = std::make_shared<ImageFolderDataset>(std::move(split.val), eval_folder);
+  d.train = d.image_train;
+  d.in_channels = 3;
+  d.image_size = o.image_size;
+  d.num_classes = static_cast<int64_t>(split.classes.size());
+  d.classes = std::move(split.classes);
+  return d;
+}
+
+}  // namespace
+
+DataFolder open_data_folder(DataFolderOptions& options) {
+  if (has_mnist_files(options.dir)) return open_mnist_files(options);
+  if (is_image_folder(options.dir)) return open_image_folder(options);
+  throw InvalidArgument(fmt::format(
+      "--data {} {}; expected MNIST files (train-images-idx3-ubyte[.gz] and the other three) or an image folder "
+      "(one sub-folder of .jpg/.png images per class)",
+      options.dir, std::filesystem::exists(options.dir) ? "holds neither" : "does not exist"));
+}
+
+}  // namespace tandem::data

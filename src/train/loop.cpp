@@ -1,0 +1,388 @@
+#include "tandem/train/loop.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/comm/rank_agreement.h"
+#include "tandem/comm/value_collectives.h"
+#include "tandem/data/batch_loader.h"
+#include "tandem/data/data_agreement.h"
+#include "tandem/data/distributed_sampler.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/nn/model_holder.h"
+#include "tandem/train/evaluation.h"
+#include "tandem/train/lr_schedule.h"
+#include "tandem/train/progress.h"
+#include "tandem/train/run_directory.h"
+#include "tandem/util/compat.h"
+#include "tandem/util/fault_injection.h"
+#include "tandem/util/log.h"
+
+namespace tandem::train {
+namespace {
+
+struct NanInjection {
+  int rank = -1;
+  int64_t step = -1;
+};
+
+// TANDEM_INJECT_NAN_AT_STEP=RANK:STEP (test hook, see loop.h).
+NanInjection nan_injection_from_env() {
+  NanInjection injection;
+  const char* value = std::getenv("TANDEM_INJECT_NAN_AT_STEP");
+  if (!value) return injection;
+  long long step = -1;
+  if (std::sscanf(value, "%d:%lld", &injection.rank, &step) != 2) {
+    throw InvalidArgument(std::string("TANDEM_INJECT_NAN_AT_STEP must be RANK:STEP, got '") + value + "'");
+  }
+  injection.step = step;
+  return injection;
+}
+
+// [sum of the finite losses, non-finite flag of rank 0, ..., of rank W-1] over all ranks, on the host: built on
+// the loss's device, so the step costs one all-reduce and one read for both the metric and the NaN check.
+torch::Tensor reduce_step_statistics(const torch::Tensor& loss, int rank, comm::Communicator* communicator) {
+  const int world = communicator ? communicator->world_size() : 1;
+  torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
+  torch::Tensor finite = torch::isfinite(value);
+  torch::Tensor stats = torch::zeros({1 + world}, value.options());
+  stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
+  stats.narrow(0, 1 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
+  if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
+  return stats.cpu();
+}
+
+// Where an epoch's training stands: restored from a checkpoint taken inside it, or from zero.
+struct EpochProgress {
+  int64_t batches_done = 0;
+  double loss_sum = 0;  // of the per-step losses averaged over ranks
+  int64_t steps = 0;
+  double earlier_seconds = 0;  // trained before a resume
+};
+
+// One call of Loop::fit: the model wrapped for the run, its loaders and writers, and where training stands.
+class Run {
+ public:
+  Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
+      nn::ModelHolder model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+      std::shared_ptr<const data::Dataset> eval_set);
+
+  TrainResult execute();
+
+ private:
+  std::string prepare_run_dir();
+  void resume_from(const std::string& checkpoint);
+  EpochProgress train_epoch(int epoch, EpochProgress progress);
+  double train_step(int epoch, int64_t batch_index, const data::Batch& batch);
+  EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress, double train_seconds);
+  void set_lr(int epoch);
+  CheckpointState checkpoint_state(int epoch, const EpochProgress& progress, double train_seconds) const;
+  void write_checkpoint(const CheckpointState& state);
+  bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
+
+  LoopOptions options_;
+  const LoopCallbacks& callbacks_;
+  comm::CommunicatorPtr communicator_ptr_;
+  comm::Communicator* communicator_;
+  int rank_, world_;
+  bool is_main_;
+  nn::ModelHolder model_;
+  torch::nn::Module& module_;
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<const data::Dataset> train_set_, eval_set_;
+  NanInjection injection_ = nan_injection_from_env();
+  std::vector<double> base_lrs_;  // per param group, world-size-scaled
+  CosineSchedule schedule_;
+  std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;
+  std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<ProgressReporter> progress_;
+  CheckpointState resumed_;
+  int64_t step_ = 0;
+  bool stop_ = false;
+};
+
+Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
+         nn::ModelHolder model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+         std::shared_ptr<const data::Dataset> eval_set)
+    : options_(options),
+      callbacks_(callbacks),
+      communicator_ptr_(std::move(communicator)),
+      communicator_(communicator_ptr_.get()),
+      rank_(communicator_ ? communicator_->rank() : 0),
+      world_(communicator_ ? communicator_->world_size() : 1),
+      is_main_(rank_ == 0),
+      model_(std::move(model)),
+      module_(*model_),
+      optimizer_(optimizer),
+      train_set_(std::move(train_set)),
+      eval_set_(std::move(eval_set)),
+      schedule_(0, options.lrf, std::max(1, options.epochs), options.warmup_steps) {
+  if (options_.epochs < 1) throw InvalidArgument(fmt::format("epochs must be at least 1, not {}", options_.epochs));
+  if (options_.batch_size < 1) throw InvalidArgument(fmt::format("batch size must be at least 1, not {}", options_.batch_size));
+  if (options_.warmup_steps < 0) throw InvalidArgument("warmup steps must not be negative");
+  if (!train_set_) throw InvalidArgument("Loop::fit needs a training set");
+  if (!options_.loss) throw InvalidArgument("LoopOptions::loss is empty");
+  const double scale = options_.scale_lr_by_world_size ? world_ : 1;
+  for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
+  if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
+  schedule_ = CosineSchedule(base_lrs_[0], options_.lrf, options_.epochs, options_.warmup_steps);
+}
+
+std::string Run::prepare_run_dir() {
+  std::string checkpoint;
+  comm::run_on_all_ranks(communicator_, "to prepare the run directory", [&] {
+    if (!is_main_) return;
+    if (options_.run_dir.empty()) options_.run_dir = options_.resume ? newest_run_dir("runs") : timestamped_run_dir();
+    if (options_.run_dir.empty()) throw InvalidArgument("--resume: no run under runs/ holds a checkpoint; pass --run-dir");
+    auto latest = find_latest_checkpoint(options_.run_dir);
+    if (options_.resume && !latest) throw InvalidArgument("--resume: no checkpoint in " + options_.run_dir);
+    if (latest) checkpoint = *latest;
+    std::error_code error;
+    std::filesystem::create_directories(options_.run_dir, error);
+    if (error) throw Error("cannot create the run directory " + options_.run_dir + ": " + error.message());
+    remove_unfinished_checkpoints(options_.run_dir);
+  });
+  options_.run_dir = comm::rank0_string(communicator_, options_.run_dir);
+  return comm::rank0_string(communicator_, checkpoint);
+}
+
+void Run::resume_from(const std::string& checkpoint) {
+  comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
+    ExtraState extra;
+    resumed_ = load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    if (resumed_.world_size != world_ || resumed_.sampler_seed != options_.seed || resumed_.epochs != options_.epochs) {
+      throw InvalidArgument(fmt::format(
+          "{} was written by a run with world size {}, --seed {}, --epochs {}; resume with the same values "
+          "(now {}, {}, {}), or start a new run in another --run-dir",
+          checkpoint, resumed_.world_size, resumed_.sampler_seed, resumed_.epochs, world_, options_.seed,
+          options_.epochs));
+    }
+    restore_rng_states(resumed_.rng, rank_, world_, options_.device);
+    if (callbacks_.load_extra) callbacks_.load_extra(extra);
+  });
+  step_ = resumed_.step;
+  log::main_info("resuming from {} (epoch {}, batch {}, step {})", checkpoint, resumed_.epoch, resumed_.batches_done,
+                 resumed_.step);
+  if (resumed_.epoch >= options_.epochs || steps_exhausted()) {
+    log::main_info("{} has already finished training; nothing is left to do (pass another --run-dir for a new run)",
+                   options_.run_dir);
+  }
+}
+
+void Run::set_lr(int epoch) {
+  const double factor = schedule_.factor(epoch) * schedule_.warmup_factor(step_);
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(base_lrs_[g] * factor);
+}
+
+TrainResult Run::execute() {
+  const std::string checkpoint = prepare_run_dir();
+  if (communicator_) {
+    data::verify_ranks_hold_same_data(*communicator_, *train_set_, "training data");
+    if (eval_set_) data::verify_ranks_hold_same_data(*communicator_, *eval_set_, "evaluation data");
+  }
+  if (callbacks_.on_run_start) {
+    comm::run_on_all_ranks(communicator_, "at the run's start", [&] { callbacks_.on_run_start(options_.run_dir); });
+  }
+  // Onto the rank's device before DDP forms its buckets next to the gradients. Module::to moves the parameters'
+  // data in place, so the optimizer's references stay valid.
+  module_.to(options_.device);
+  ddp::DdpOptions ddp_options;
+  ddp_options.check_replicas_every = options_.check_replicas_every;
+  ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_,
+                                                                               communicator_ptr_, ddp_options);
+  if (!checkpoint.empty()) resume_from(checkpoint);
+
+  const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
+  data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
+  train_loader_ = std::make_unique<data::BatchLoader>(
+      train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
+                                     options_.drop_last),
+      loading);
+  if (eval_set_) {
+    data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
+    eval_loader_ = std::make_unique<data::BatchLoader>(
+        eval_set_, data::BatchSampler(data::DistributedSampler(eval_set_->size(), eval_sampling), options_.batch_size,
+                                      /*drop_last=*/false),
+        loading);
+  }
+  const int64_t batches_per_epoch = train_loader_->num_batches();
+  if (batches_per_epoch == 0) {
+    throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
+                                      train_set_->size(), options_.batch_size, world_));
+  }
+  comm::run_on_all_ranks(communicator_, "to open metrics.jsonl", [&] {
+    if (is_main_) metrics_ = std::make_unique<MetricsWriter>(options_.run_dir + "/metrics.jsonl", resumed_.epoch);
+  });
+  ProgressOptions progress_options;
+  progress_options.enabled = is_main_ && options_.progress;
+  progress_ = std::make_unique<ProgressReporter>(options_.epochs, batches_per_epoch, options_.batch_size * world_,
+                                                 progress_options);
+
+  TrainResult result;
+  result.run_dir = options_.run_dir;
+  stop_ = steps_exhausted();
+  for (int epoch = resumed_.epoch; epoch < options_.epochs && !stop_; ++epoch) {
+    EpochProgress progress;
+    if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
+      progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_train_seconds};
+    }
+    const auto start = std::chrono::steady_clock::now();
+    progress = train_epoch(epoch, progress);
+    const double train_seconds =
+        progress.earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.epochs.push_back(evaluate_epoch(epoch, progress, train_seconds));
+    const bool complete = progress.batches_done >= batches_per_epoch;
+    write_checkpoint(complete ? checkpoint_state(epoch + 1, {}, 0) : checkpoint_state(epoch, progress, train_seconds));
+  }
+  result.steps = step_;
+  return result;
+}
+
+EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
+  ddp_model_->train();
+  if (callbacks_.on_epoch_start) callbacks_.on_epoch_start(epoch);
+  // Inside a resumed epoch its finished batches are skipped in the sampler's order, never loaded.
+  train_loader_->start_epoch(epoch, progress.batches_done);
+  progress_->start_epoch(epoch, progress.batches_done);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t batches_per_epoch = train_loader_->num_batches();
+  while (std::optional<data::Batch> batch = train_loader_->next()) {
+    const double loss = train_step(epoch, progress.batches_done, *batch);
+    ++progress.steps;
+    progress.loss_sum += loss;
+    progress_->update(progress.batches_done, progress.loss_sum / progress.steps);
+    ++progress.batches_done;
+    if (steps_exhausted()) {
+      stop_ = true;
+      break;
+    }
+    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 &&
+        progress.batches_done < batches_per_epoch) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      write_checkpoint(checkpoint_state(epoch, progress, progress.earlier_seconds + seconds));
+    }
+  }
+  progress_->end_epoch();
+  return progress;
+}
+
+// One optimizer step on `batch`; returns its loss averaged over the ranks.
+double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch) {
+  fault::kill_point("step", step_ + 1);
+  set_lr(epoch);
+  compat::drop_gradients(optimizer_);
+  torch::Tensor output = ddp_model_->forward(batch.data);
+  // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
+  // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
+  torch::Tensor loss = batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
+  if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
+  loss.backward();
+  const torch::Tensor step_stats = reduce_step_statistics(loss, rank_, communicator_);
+  const double* stats = step_stats.data_ptr<double>();
+  std::vector<int> bad_ranks;
+  for (int r = 0; r < world_; ++r) {
+    if (stats[1 + r] > 0) bad_ranks.push_back(r);
+  }
+  if (!bad_ranks.empty()) {
+    progress_->end_epoch();
+    throw NonFiniteLossError(fmt::format(
+        "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
+        bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ","), step_, epoch, batch_index));
+  }
+  optimizer_.step();
+  ++step_;
+  const double mean_loss = stats[0] / world_;
+  if (callbacks_.on_step) {
+    callbacks_.on_step({epoch, batch_index, step_, mean_loss, optimizer_.param_groups()[0].options().get_lr()});
+  }
+  return mean_loss;
+}
+
+EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress, double train_seconds) {
+  EpochMetrics m;
+  m.epoch = epoch;
+  m.loss = progress.steps > 0 ? progress.loss_sum / progress.steps : 0.0;
+  m.lr = optimizer_.param_groups()[0].options().get_lr();
+  m.train_seconds = train_seconds;
+  m.samples_per_second = train_seconds > 0 ? progress.steps * options_.batch_size * world_ / train_seconds : 0.0;
+  m.step = step_;
+  if (eval_loader_) {
+    // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
+    ddp_model_->eval();
+    const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return model_.forward(x); }, *eval_loader_, epoch,
+                                       communicator_);
+    m.accuracy = counts.accuracy();
+    m.correct = counts.correct;
+    m.total = counts.total;
+  }
+  comm::run_on_all_ranks(communicator_, "to write metrics.jsonl", [&] {
+    if (!is_main_) return;
+    std::printf("[epoch %d] loss %.4f accuracy %.4f lr %s\n", epoch, m.loss, m.accuracy, fmt::format("{:.6g}", m.lr).c_str());
+    std::fflush(stdout);
+    metrics_->write(m);
+  });
+  if (callbacks_.on_epoch_end) callbacks_.on_epoch_end(m);
+  return m;
+}
+
+// The run's state after `progress.batches_done` batches of `epoch`, with that epoch's loss and time so far.
+CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress, double train_seconds) const {
+  CheckpointState state;
+  state.epoch = epoch;
+  state.batches_done = progress.batches_done;
+  state.step = step_;
+  state.lr = optimizer_.param_groups()[0].options().get_lr();
+  state.base_lr = schedule_.base_lr();
+  state.lrf = options_.lrf;
+  state.warmup_steps = options_.warmup_steps;
+  state.epochs = options_.epochs;
+  state.sampler_seed = options_.seed;
+  state.world_size = world_;
+  state.epoch_loss_sum = progress.loss_sum;
+  state.epoch_steps = progress.steps;
+  state.epoch_train_seconds = train_seconds;
+  return state;
+}
+
+// Rank 0 writes the checkpoint; every rank learns whether it worked.
+void Run::write_checkpoint(const CheckpointState& state) {
+  if (!options_.checkpoint) return;
+  CheckpointState complete = state;
+  complete.rng = gather_rng_states(communicator_, options_.device);
+  comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
+    if (!is_main_) return;
+    const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
+    save_checkpoint(checkpoint_path(options_.run_dir, state.epoch, state.batches_done), module_, optimizer_, complete,
+                    extra);
+    prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
+  });
+}
+
+}  // namespace
+
+torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits, target);
+}
+
+Loop::Loop(LoopOptions options)
+    : Loop(std::move(options), is_initialized() ? default_group().communicator_ptr() : nullptr) {}
+
+Loop::Loop(LoopOptions options, comm::CommunicatorPtr communicator)
+    : options_(std::move(options)), communicator_(std::move(communicator)) {}
+
+TrainResult Loop::fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
+                      std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
+  Run run(options_, callbacks_, communicator_, std::move(model), optimizer, std::move(train_set), std::move(eval_set));
+  return run.execute();
+}
+
+}  // namespace tandem::train

@@ -1,0 +1,129 @@
+#include "tandem/train/run_directory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Orders names as text, except that runs of digits compare as the numbers they spell, so that the run
+// 20240501-120000-10 comes after 20240501-120000-9 (and after 20240501-120000). Leading zeros are skipped and
+// digits compared as text, so numbers of any length compare without overflowing.
+bool numbers_aware_less(const std::string& a, const std::string& b) {
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (!is_digit(a[i]) || !is_digit(b[j])) {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
+      continue;
+    }
+    size_t a_end = i, b_end = j;
+    while (a_end < a.size() && is_digit(a[a_end])) ++a_end;
+    while (b_end < b.size() && is_digit(b[b_end])) ++b_end;
+    while (i + 1 < a_end && a[i] == '0') ++i;
+    while (j + 1 < b_end && b[j] == '0') ++j;
+    const std::string_view a_number(a.data() + i, a_end - i), b_number(b.data() + j, b_end - j);
+    if (a_number.size() != b_number.size()) return a_number.size() < b_number.size();
+    if (a_number != b_number) return a_number < b_number;
+    i = a_end, j = b_end;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+// The names of the entries in `dir`; none if it cannot be read (a run dir that does not exist yet).
+std::vector<std::string> entry_names(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    names.push_back(it->path().filename().string());
+  }
+  return names;
+}
+
+}  // namespace
+
+std::string timestamped_run_dir(const std::string& runs_dir) {
+  std::time_t now = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+  const std::string base = runs_dir + "/" + stamp;
+  std::string dir = base;
+  std::error_code error;
+  for (int i = 1; fs::exists(dir, error); ++i) dir = base + "-" + std::to_string(i);
+  return dir;
+}
+
+std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done) {
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-%04d-%08lld.safetensors", epoch, static_cast<long long>(batches_done));
+  return run_dir + "/" + name;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& run_dir) {
+  // Training order is (epoch, batch) read as numbers: the zero padding is only as wide as checkpoint_path makes
+  // it, and a name written by hand may have none, so "10" must not sort before "9". The name breaks ties.
+  std::vector<std::tuple<int, long long, std::string>> found;
+  for (std::string& name : entry_names(run_dir)) {
+    int epoch = 0;
+    long long batches = 0;
+    char tail[32] = {0};
+    // Exactly checkpoint-EEEE-BBBBBBBB.safetensors; temp files carry a ".tmp.<pid>" suffix and fail the match.
+    if (std::sscanf(name.c_str(), "checkpoint-%d-%lld.%31s", &epoch, &batches, tail) == 3 &&
+        std::string(tail) == "safetensors") {
+      found.emplace_back(epoch, batches, std::move(name));
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (const auto& entry : found) paths.push_back(run_dir + "/" + std::get<2>(entry));
+  return paths;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+  std::vector<std::string> checkpoints = list_checkpoints(run_dir);
+  if (checkpoints.empty()) return std::nullopt;
+  return checkpoints.back();
+}
+
+void remove_unfinished_checkpoints(const std::string& run_dir) {
+  for (const std::string& name : entry_names(run_dir)) {
+    if (name.rfind("checkpoint-", 0) == 0 && name.find(".safetensors.tmp.") != std::string::npos) {
+      std::error_code ignored;  // another cleanup may have won the race; what matters is that it is gone
+      fs::remove(run_dir + "/" + name, ignored);
+    }
+  }
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep) {
+  if (keep <= 0) return;
+  const std::vector<std::string> checkpoints = list_checkpoints(run_dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < checkpoints.size(); ++i) {
+    std::error_code error;
+    fs::remove(checkpoints[i], error);
+    if (error) throw Error("cannot remove the old checkpoint " + checkpoints[i] + ": " + error.message());
+  }
+}
+
+std::string newest_run_dir(const std::string& runs_dir) {
+  std::string best;
+  for (const std::string& name : entry_names(runs_dir)) {
+    if ((best.empty() || numbers_aware_less(best, name)) && find_latest_checkpoint(runs_dir + "/" + name)) {
+      best = name;
+    }
+  }
+  return best.empty() ? "" : runs_dir + "/" + best;
+}
+
+}  // namespace tandem::train

@@ -1,0 +1,230 @@
+// The training loop with a user's own model, optimizer and data: a run stopped inside an epoch and continued
+// from its checkpoint ends bit-identical to an uninterrupted one, for SGD, Adam and AdamW on 2 ranks and with
+// dropout (the RNG state) on one; the schedule scales every param group by the world size and warms up
+// linearly; the user's extra state comes back on resume; another optimizer kind is refused.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "support/thread_ranks.h"
+#include "support/tiny_datasets.h"
+#include "tandem/data/tensor_dataset.h"
+#include "tandem/train/loop.h"
+#include "tandem/train/lr_schedule.h"
+
+namespace tandem::train {
+namespace {
+
+using testing::make_temp_dir;
+
+constexpr int kEpochs = 3;
+constexpr int64_t kBatch = 8;
+
+// 96 samples of 8 features, labelled by the sign of their sum: 6 batches of 8 per rank on 2 ranks.
+std::shared_ptr<const data::Dataset> separable_set(int64_t count, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::Tensor x = torch::randn({count, 8});
+  return std::make_shared<data::TensorDataset>(x, (x.sum(1) > 0).to(torch::kLong));
+}
+
+torch::nn::Sequential make_net(uint64_t seed, double dropout = 0) {
+  torch::manual_seed(seed);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh());
+  if (dropout > 0) net->push_back(torch::nn::Dropout(dropout));
+  net->push_back(torch::nn::Linear(16, 2));
+  return net;
+}
+
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(torch::nn::Sequential&)>;
+
+struct OptimizerCase {
+  const char* name;
+  OptimizerFactory make;
+};
+
+LoopOptions quiet_options(const std::string& run_dir) {
+  LoopOptions options;
+  options.epochs = kEpochs;
+  options.batch_size = kBatch;
+  options.run_dir = run_dir;
+  options.progress = false;
+  return options;
+}
+
+std::vector<torch::Tensor> weights_of(torch::nn::Sequential& net) {
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : net->parameters()) weights.push_back(p.detach().clone());
+  return weights;
+}
+
+void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << what << ": tensor " << i << " differs by up to "
+                                          << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
+// Trains on 2 thread ranks, every rank's model built beforehand on this thread (the threads share one random
+// generator). `stop_after` > 0 stops the run there; the loop then checkpoints inside an epoch.
+std::vector<std::vector<torch::Tensor>> fit_on_two_ranks(const OptimizerCase& kind, const std::string& run_dir,
+                                                         uint64_t init_seed, int64_t stop_after,
+                                                         std::vector<TrainResult>* results = nullptr) {
+  std::vector<torch::nn::Sequential> nets{make_net(init_seed), make_net(init_seed + 1)};
+  auto train_set = separable_set(96, 7), test_set = separable_set(20, 8);
+  std::vector<std::vector<torch::Tensor>> weights(2);
+  std::vector<TrainResult> per_rank(2);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    auto optimizer = kind.make(nets[rank]);
+    LoopOptions options = quiet_options(run_dir);
+    options.max_steps = stop_after;
+    Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    per_rank[rank] = loop.fit(nets[rank], *optimizer, train_set, test_set);
+    weights[rank] = weights_of(nets[rank]);
+  });
+  if (results) *results = per_rank;
+  return weights;
+}
+
+class LoopResume : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(LoopResume, RunStoppedInsideAnEpochAndContinuedEndsWithTheUninterruptedWeights) {
+  const std::string name = GetParam().name;
+  std::vector<TrainResult> whole_results, first_part, second_part;
+  const auto whole = fit_on_two_ranks(GetParam(), make_temp_dir("loop_whole_" + name), 1, 0, &whole_results);
+  expect_identical(whole[0], whole[1], "the two ranks' replicas");
+
+  // Epoch 0 has 6 steps; step 8 stops inside epoch 1. The continued run starts from other initial weights, so
+  // everything it ends with must come from the checkpoint.
+  const std::string split_dir = make_temp_dir("loop_split_" + name);
+  fit_on_two_ranks(GetParam(), split_dir, 1, 8, &first_part);
+  EXPECT_EQ(first_part[0].steps, 8);
+  const auto continued = fit_on_two_ranks(GetParam(), split_dir, 50, 0, &second_part);
+  expect_identical(whole[0], continued[0], "rank 0: uninterrupted against continued");
+  expect_identical(whole[1], continued[1], "rank 1: uninterrupted against continued");
+
+  // The continued run's epochs (1 and 2; epoch 1 carries its first 2 steps' loss over) equal the whole run's.
+  ASSERT_EQ(whole_results[0].epochs.size(), 3u);
+  ASSERT_EQ(second_part[0].epochs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const EpochMetrics& a = whole_results[0].epochs[i + 1];
+    const EpochMetrics& b = second_part[0].epochs[i];
+    EXPECT_EQ(a.epoch, b.epoch);
+    EXPECT_DOUBLE_EQ(a.loss, b.loss) << "epoch " << a.epoch;
+    EXPECT_EQ(a.correct, b.correct) << "epoch " << a.epoch;
+    EXPECT_EQ(a.total, 20) << "each test sample once";
+    EXPECT_DOUBLE_EQ(a.lr, b.lr) << "epoch " << a.epoch;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, LoopResume,
+    ::testing::Values(
+        OptimizerCase{"SGD",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::SGD>(
+                            net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.005));
+                      }},
+        OptimizerCase{"Adam",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+                      }},
+        OptimizerCase{"AdamW",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::AdamW>(
+                            net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+                      }}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+
+// One rank, so that the process's one random generator is this run's alone: dropout draws a mask every step,
+// and only a restored generator state gives the continued run the masks of the uninterrupted one. The user's
+// extra state travels in the same checkpoint.
+std::vector<torch::Tensor> fit_with_dropout(const std::string& run_dir, uint64_t init_seed, int64_t stop_after,
+                                            std::map<std::string, std::string>* loaded_extra = nullptr) {
+  torch::nn::Sequential net = make_net(init_seed, 0.5);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  LoopOptions options = quiet_options(run_dir);
+  options.max_steps = stop_after;
+  Loop loop(options, nullptr);
+  int64_t steps_seen = 0;
+  loop.callbacks().on_step = [&](const StepInfo& info) { steps_seen = info.step; };
+  loop.callbacks().save_extra = [&] {
+    ExtraState extra;
+    extra.values["steps_seen"] = std::to_string(steps_seen);
+    return extra;
+  };
+  loop.callbacks().load_extra = [&](const ExtraState& extra) {
+    if (loaded_extra) *loaded_extra = extra.values;
+  };
+  auto train_set = separable_set(96, 7), test_set = separable_set(20, 8);
+  torch::manual_seed(1234);  // the dropout masks' stream, the same for every run of this test
+  loop.fit(net, sgd, train_set, test_set);
+  return weights_of(net);
+}
+
+TEST(Loop, ContinuedRunDrawsTheSameRandomNumbersAndGetsItsExtraStateBack) {
+  const auto whole = fit_with_dropout(make_temp_dir("loop_dropout_whole"), 1, 0);
+  const std::string split_dir = make_temp_dir("loop_dropout_split");
+  fit_with_dropout(split_dir, 1, 17);
+  std::map<std::string, std::string> extra;
+  const auto continued = fit_with_dropout(split_dir, 50, 0, &extra);
+  expect_identical(whole, continued, "uninterrupted against continued, with dropout");
+  EXPECT_EQ(extra["steps_seen"], "17");
+}
+
+TEST(Loop, ScheduleWarmsUpLinearlyThenFollowsTheCosineForEveryParamGroupTimesTheWorldSize) {
+  std::vector<std::vector<double>> rates(2);  // per rank: the first group's rate of every step
+  std::vector<double> second_group_rate(2);
+  auto train_set = separable_set(96, 7);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    torch::nn::Sequential replica = make_net(1);
+    std::vector<torch::optim::OptimizerParamGroup> replica_groups;
+    replica_groups.emplace_back(replica[0]->parameters(), std::make_unique<torch::optim::SGDOptions>(0.1));
+    replica_groups.emplace_back(replica[2]->parameters(), std::make_unique<torch::optim::SGDOptions>(0.01));
+    torch::optim::SGD optimizer(std::move(replica_groups), torch::optim::SGDOptions(0.1));
+    LoopOptions options = quiet_options(make_temp_dir("loop_warmup_" + std::to_string(rank)));
+    options.epochs = 2;
+    options.warmup_steps = 4;
+    Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    loop.callbacks().on_step = [&](const StepInfo& info) { rates[rank].push_back(info.lr); };
+    loop.fit(replica, optimizer, train_set, nullptr);
+    second_group_rate[rank] = optimizer.param_groups()[1].options().get_lr();
+  });
+  const CosineSchedule schedule(0.2, 0.1, 2, 4);
+  ASSERT_EQ(rates[0].size(), 12u) << "6 steps per epoch on 2 ranks, 2 epochs";
+  for (int64_t step = 0; step < 12; ++step) {
+    const int epoch = step < 6 ? 0 : 1;
+    const double expected = 0.2 * schedule.factor(epoch) * (step < 4 ? (step + 1) / 4.0 : 1.0);
+    EXPECT_DOUBLE_EQ(rates[0][step], expected) << "step " << step;
+  }
+  EXPECT_DOUBLE_EQ(rates[0][0], 0.05) << "the first warmup step: 0.1 x 2 ranks / 4";
+  EXPECT_DOUBLE_EQ(second_group_rate[0], 0.01 * 2 * schedule.factor(1)) << "the second group keeps its own base";
+  EXPECT_EQ(rates[0], rates[1]);
+}
+
+TEST(Loop, ContinuingARunWithAnotherKindOfOptimizerStopsWithOneLineNamingBoth) {
+  const std::string run_dir = make_temp_dir("loop_other_optimizer");
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(run_dir);
+  options.max_steps = 3;
+  Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr);
+  torch::optim::AdamW adamw(net->parameters());
+  options.max_steps = 0;
+  try {
+    Loop(options, nullptr).fit(net, adamw, separable_set(96, 7), nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("torch::optim::SGD"), std::string::npos) << message;
+    EXPECT_NE(message.find("torch::optim::AdamW"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::train
