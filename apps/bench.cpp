@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "apps/command.h"
+#include "apps/flag_checks.h"
 #include "tandem/bench/allreduce_bench.h"
 #include "tandem/bench/train_bench.h"
 #include "tandem/comm/backend.h"
@@ -444,19 +445,19 @@ const CommandRegistration kBench{
       train->add_option("--bucket-cap-mb", train_flags->options.ddp.bucket_cap_mb,
                         "DDP bucket size in MiB (PyTorch's bucket_cap_mb); larger buckets start communicating later")
           ->capture_default_str()
-          ->check(CLI::PositiveNumber);
+          ->check(greater_than(0));
       train->add_option("--first-bucket-cap-mb", train_flags->options.ddp.first_bucket_cap_mb,
                         "Size of the first DDP bucket in MiB, which starts communicating earliest (tandem only: "
                         "PyTorch fixes it at 1)")
           ->capture_default_str()
-          ->check(CLI::PositiveNumber);
+          ->check(greater_than(0));
       train->add_flag("--gradient-as-bucket-view", train_flags->options.ddp.gradient_as_bucket_view,
                       "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
       train->add_option("--rounds", train_flags->rounds,
                         "Run every measurement this many times, interleaved; figures are medians over rounds and "
                         "ratios are paired within a round (steadier on a noisy machine)")
           ->capture_default_str()
-          ->check(CLI::PositiveNumber);
+          ->check(at_least(1));
       train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: 'pytorch'");
       train->add_option("--pytorch-script", train_flags->pytorch_script, "The PyTorch side script")
           ->capture_default_str();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "apps/command.h"
+#include "apps/flag_checks.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/nn/model_registry.h"
@@ -68,15 +69,15 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   train::TrainOptions& o = flags->options;
   command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
   command.add_option("--model", o.model, "model to train: " + model_names())->capture_default_str();
-  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST, the class folders of an image folder)")->check(CLI::PositiveNumber);
+  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST, the class folders of an image folder)")->check(at_least(1));
   command.add_flag("--sync-bn", o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
-  command.add_option("--image-size", o.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(CLI::PositiveNumber);
-  command.add_option("--val-split", o.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  command.add_option("--min-crop-scale", o.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(CLI::Range(0.01, 1.0));
+  command.add_option("--image-size", o.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(at_least(1));
+  command.add_option("--val-split", o.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(between(0, 0.99));
+  command.add_option("--min-crop-scale", o.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(between(0.01, 1));
   command.add_flag("--skip-bad-images", o.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
-  command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(CLI::PositiveNumber);
-  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(CLI::PositiveNumber);
-  command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least(1));
+  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least(1));
+  command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than(0));
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr (cosine schedule per epoch)")->capture_default_str();
   command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
@@ -91,9 +92,9 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>); a run dir that holds a checkpoint is continued from its newest one");
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
-  command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least(0));
+  command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least(0));
+  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str();

@@ -309,9 +309,9 @@ LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const
     auto it = targets.find(name);
     if (it == targets.end()) {
       report.skipped.push_back(name + " (not in the model)");
-    } else if (it->second.numel() != tensor.numel()) {
-      report.skipped.push_back(detail::concat(name, " (", tensor.numel(), " elements, the model's has ",
-                                              it->second.numel(), ")"));
+    } else if (it->second.sizes() != tensor.sizes()) {
+      report.skipped.push_back(detail::concat(name, " (shape ", tensor.sizes(), " in the file, ", it->second.sizes(),
+                                              " in the model)"));
     } else {
       report.loaded.push_back(name);
       provided.insert(name);
@@ -329,7 +329,7 @@ LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const
   }
   torch::NoGradGuard no_grad;
   for (auto& [target, source] : copies) {
-    target.copy_(source.reshape(target.sizes()).to(target.scalar_type()));
+    target.copy_(source.to(target.scalar_type()));
   }
   return report;
 }

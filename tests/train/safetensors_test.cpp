@@ -1,6 +1,6 @@
 // safetensors: round trips for every dtype, a file PyTorch wrote (tests/fixtures/make_safetensors_fixture.py),
-// the seeds' skip-and-list loading filter, --strict, clear errors on damaged or deliberately crafted files, and
-// a save whose directory cannot be synced reported as an error.
+// the skip-and-list loading filter (by shape, where the seeds compared element counts), --strict, clear errors
+// on damaged or deliberately crafted files, and a save whose directory cannot be synced reported as an error.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -123,7 +123,7 @@ TEST(Safetensors, LoadWeightsSkipsAndListsMismatchedTensors) {
   const torch::Tensor before = target->named_parameters()["output.weight"].clone();
   LoadReport report = load_weights(*target, path);
   EXPECT_EQ(report.loaded.size(), 10u);  // all but output.weight/bias (10 vs 5 classes)
-  EXPECT_TRUE(contains(report.skipped, "output.weight (640 elements, the model's has 320)"));
+  EXPECT_TRUE(contains(report.skipped, "output.weight (shape [10, 64] in the file, [5, 64] in the model)"));
   EXPECT_TRUE(contains(report.skipped, "output.bias"));
   EXPECT_TRUE(contains(report.skipped, "aux.extra (not in the model)"));
   EXPECT_EQ(report.missing, (std::vector<std::string>{"output.bias", "output.weight"}));
@@ -143,6 +143,37 @@ TEST(Safetensors, LoadWeightsSkipsAndListsMismatchedTensors) {
     EXPECT_NE(message.find("aux.extra"), std::string::npos) << message;
   }
   EXPECT_TRUE(torch::equal(strict_target->named_parameters()["conv1.weight"], strict_before));
+  std::remove(path.c_str());
+}
+
+// A tensor with the model's element count but another shape (here fc.weight transposed) is refused, not
+// reshaped: its values would land in the wrong places. The seeds' element-count filter let it through.
+TEST(Safetensors, LoadWeightsRefusesASameSizedTensorOfAnotherShape) {
+  torch::nn::Linear target(torch::nn::LinearOptions(3, 2));  // weight [2, 3]
+  const torch::Tensor bias = torch::tensor({0.5f, -0.5f});
+  const std::string path = temp_path("transposed.safetensors");
+  save_safetensors(path, {{"weight", torch::arange(6, torch::kFloat32).reshape({3, 2})}, {"bias", bias}});
+  const std::string expected_skip = "weight (shape [3, 2] in the file, [2, 3] in the model)";
+
+  const torch::Tensor weight_before = target->weight.detach().clone();
+  LoadReport report = load_weights(*target, path);
+  EXPECT_EQ(report.skipped, (std::vector<std::string>{expected_skip}));
+  EXPECT_EQ(report.missing, (std::vector<std::string>{"weight"}));
+  EXPECT_EQ(report.loaded, (std::vector<std::string>{"bias"}));
+  EXPECT_TRUE(torch::equal(target->weight, weight_before)) << "the refused tensor stays untouched";
+  EXPECT_TRUE(torch::equal(target->bias, bias));
+
+  torch::nn::Linear strict_target(torch::nn::LinearOptions(3, 2));
+  const torch::Tensor strict_bias_before = strict_target->bias.detach().clone();
+  try {
+    load_weights(*strict_target, path, /*strict=*/true);
+    ADD_FAILURE() << "strict load accepted a transposed weight";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(expected_skip), std::string::npos) << message;
+  }
+  EXPECT_TRUE(torch::equal(strict_target->bias, strict_bias_before)) << "strict copies nothing when it refuses";
   std::remove(path.c_str());
 }
 

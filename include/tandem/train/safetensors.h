@@ -49,10 +49,11 @@ struct LoadReport {
   std::vector<std::string> missing;
 };
 
-// Copies file tensors into the module's same-named parameters/buffers (cast to their dtype, reshaped when only
-// the shape differs). Tensors whose name is unknown or whose element count differs are skipped and listed (the
-// seeds' pretrained-weight filter). With strict, any skipped or missing tensor throws InvalidArgument instead,
-// before anything is copied.
+// Copies file tensors into the module's same-named parameters/buffers, cast to their dtype. Tensors whose name
+// is unknown or whose shape differs are skipped and listed, "NAME (shape [3, 2] in the file, [2, 3] in the
+// model)". The seeds' pretrained-weight filter compared element counts instead, which lets a transposed or
+// otherwise rearranged tensor through; its values would land in the wrong places. With strict, any skipped or
+// missing tensor throws InvalidArgument naming it (and both shapes) instead, before anything is copied.
 LoadReport load_weights(torch::nn::Module& module, const std::string& path, bool strict = false);
 LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const std::string& path, bool strict);
 
