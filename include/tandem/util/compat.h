@@ -44,8 +44,8 @@ using C10dBackend = c10d::ProcessGroup;
 #endif
 
 // The optional type of torch::data's Sampler interface. c10::optional became an alias of std::optional in
-// late 2023 (PyTorch 2.2) and is deprecated since; 2.4 is past the change on either side, and
-// std::optional keeps compiling once the alias is removed.
+// late 2023 (PyTorch 2.2) and is deprecated since. Before the alias c10::optional is the only right answer,
+// after it both are; switching at 2.4 leaves a margin, and std::optional keeps compiling once the alias goes.
 #if TANDEM_TORCH_VERSION_AT_LEAST(2, 4)
 template <typename T>
 using TorchDataOptional = std::optional<T>;
