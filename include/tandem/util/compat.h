@@ -9,6 +9,8 @@
 // non-pure FunctionPostHook::compiled_args (compiled autograd), which tandem's hooks do not support.
 // c10d's TCPStore.hpp: 1.13's TCPStoreOptions has port, isServer, numWorkers, waitWorkers, timeout and
 // multiTenant; 2.x adds masterListenFd and useLibUV.
+// torch::data's interfaces (Sampler::reset and next, a data set's size) take and return `optional`:
+// c10::optional in 1.13 (a class of its own), std::optional in 2.x.
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #define TANDEM_TORCH_VERSION_AT_LEAST(major, minor) \
@@ -38,6 +41,17 @@ namespace tandem::compat {
 using C10dBackend = c10d::Backend;
 #else
 using C10dBackend = c10d::ProcessGroup;
+#endif
+
+// The optional type of torch::data's Sampler interface. c10::optional became an alias of std::optional in
+// late 2023 (PyTorch 2.2) and is deprecated since. Before the alias c10::optional is the only right answer,
+// after it both are; switching at 2.4 leaves a margin, and std::optional keeps compiling once the alias goes.
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 4)
+template <typename T>
+using TorchDataOptional = std::optional<T>;
+#else
+template <typename T>
+using TorchDataOptional = c10::optional<T>;
 #endif
 
 // A post hook on a leaf's AccumulateGrad node: it runs after the incoming gradient has been added into
