@@ -419,7 +419,8 @@ const CommandRegistration kBench{
           ->capture_default_str();
       allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
       allreduce->add_option("--timeout", flags->timeout_s, "Seconds before a collective counts as hung")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(at_least(1));
 
       auto train_flags = std::make_shared<TrainFlags>();
       CLI::App* train = command.add_subcommand(

@@ -39,7 +39,6 @@ int run_train(TrainFlags& flags) {
   train::TrainOptions& options = flags.options;
   options.shuffle = !flags.no_shuffle;
   if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
-  if (flags.timeout_seconds <= 0) throw InvalidArgument("--timeout must be positive");
 
   InitOptions init;
   init.device = flags.device;
@@ -97,7 +96,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
-  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str();
+  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(greater_than(0));
   return [flags] { return run_train(*flags); };
 });
 

@@ -79,6 +79,7 @@ class Run {
  private:
   std::string prepare_run_dir();
   void resume_from(const std::string& checkpoint);
+  int64_t make_loaders();
   EpochProgress train_epoch(int epoch, EpochProgress progress);
   double train_step(int epoch, int64_t batch_index, const data::Batch& batch);
   EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress, double train_seconds);
@@ -201,24 +202,7 @@ TrainResult Run::execute() {
                                                                                communicator_ptr_, ddp_options);
   if (!checkpoint.empty()) resume_from(checkpoint);
 
-  const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
-  data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
-  train_loader_ = std::make_unique<data::BatchLoader>(
-      train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
-                                     options_.drop_last),
-      loading);
-  if (eval_set_) {
-    data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
-    eval_loader_ = std::make_unique<data::BatchLoader>(
-        eval_set_, data::BatchSampler(data::DistributedSampler(eval_set_->size(), eval_sampling), options_.batch_size,
-                                      /*drop_last=*/false),
-        loading);
-  }
-  const int64_t batches_per_epoch = train_loader_->num_batches();
-  if (batches_per_epoch == 0) {
-    throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
-                                      train_set_->size(), options_.batch_size, world_));
-  }
+  const int64_t batches_per_epoch = make_loaders();
   comm::run_on_all_ranks(communicator_, "to open metrics.jsonl", [&] {
     if (is_main_) metrics_ = std::make_unique<MetricsWriter>(options_.run_dir + "/metrics.jsonl", resumed_.epoch);
   });
@@ -245,6 +229,30 @@ TrainResult Run::execute() {
   }
   result.steps = step_;
   return result;
+}
+
+// The training loader in the DistributedSampler's shuffled order, the evaluation loader in its plain order with
+// every sample kept; returns the training batches per epoch, the same on every rank.
+int64_t Run::make_loaders() {
+  const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
+  data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
+  train_loader_ = std::make_unique<data::BatchLoader>(
+      train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
+                                     options_.drop_last),
+      loading);
+  if (eval_set_) {
+    data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
+    eval_loader_ = std::make_unique<data::BatchLoader>(
+        eval_set_, data::BatchSampler(data::DistributedSampler(eval_set_->size(), eval_sampling), options_.batch_size,
+                                      /*drop_last=*/false),
+        loading);
+  }
+  const int64_t batches_per_epoch = train_loader_->num_batches();
+  if (batches_per_epoch == 0) {
+    throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
+                                      train_set_->size(), options_.batch_size, world_));
+  }
+  return batches_per_epoch;
 }
 
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
@@ -326,7 +334,8 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress, doubl
   }
   comm::run_on_all_ranks(communicator_, "to write metrics.jsonl", [&] {
     if (!is_main_) return;
-    std::printf("[epoch %d] loss %.4f accuracy %.4f lr %s\n", epoch, m.loss, m.accuracy, fmt::format("{:.6g}", m.lr).c_str());
+    const std::string accuracy = eval_loader_ ? fmt::format(" accuracy {:.4f}", m.accuracy) : "";
+    std::printf("[epoch %d] loss %.4f%s lr %s\n", epoch, m.loss, accuracy.c_str(), fmt::format("{:.6g}", m.lr).c_str());
     std::fflush(stdout);
     metrics_->write(m);
   });
