@@ -29,7 +29,9 @@ void set_generator_state(torch::Device device, const torch::Tensor& row, const c
     throw InvalidArgument(fmt::format("the checkpoint's {} generator state has {} bytes; this generator has {}",
                                       which, row.numel(), generator.get_state().numel()));
   }
-  generator.set_state(row.contiguous());
+  // A copy of its own: the row is a view into all ranks' rows, and LibTorch 2.x's set_state reads the state
+  // from the start of the tensor's storage, not from the view's offset (rank 1's row crashed it).
+  generator.set_state(row.clone());
 }
 
 }  // namespace

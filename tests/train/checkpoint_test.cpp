@@ -122,13 +122,18 @@ std::string load_error(const std::string& path, nn::CnnNet& net, torch::optim::O
   return "";
 }
 
+// A checkpoint of `net` after one step of `optimizer`, in a fresh folder named `name`; returns its path.
+std::string checkpoint_after_one_step(const std::string& name, nn::CnnNet& net, torch::optim::Optimizer& optimizer) {
+  train_step(net, optimizer, 1);
+  const std::string path = checkpoint_path(make_temp_dir(name), 1, 0);
+  save_checkpoint(path, *net, optimizer, sample_state());
+  return path;
+}
+
 TEST(Checkpoint, ResumingWithAnotherKindOfOptimizerIsOneLineNamingBoth) {
-  const std::string dir = make_temp_dir("other_kind");
   nn::CnnNet net;
   auto sgd = make_sgd(net);
-  train_step(net, *sgd, 1);
-  const std::string path = checkpoint_path(dir, 1, 0);
-  save_checkpoint(path, *net, *sgd, sample_state());
+  const std::string path = checkpoint_after_one_step("other_kind", net, *sgd);
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   const std::string error = load_error(path, net, adam);
   EXPECT_NE(error.find("torch::optim::SGD"), std::string::npos) << error;
@@ -138,12 +143,9 @@ TEST(Checkpoint, ResumingWithAnotherKindOfOptimizerIsOneLineNamingBoth) {
 }
 
 TEST(Checkpoint, ADamagedOptimizerStateIsRefusedBeforeLibTorchParsesIt) {
-  const std::string dir = make_temp_dir("damaged_optimizer");
   nn::CnnNet net;
   auto sgd = make_sgd(net);
-  train_step(net, *sgd, 1);
-  const std::string path = checkpoint_path(dir, 1, 0);
-  save_checkpoint(path, *net, *sgd, sample_state());
+  const std::string path = checkpoint_after_one_step("damaged_optimizer", net, *sgd);
   TensorFile file = load_safetensors(path);
   for (auto& [name, tensor] : file.tensors) {
     if (name == "optimizer.archive") tensor.data_ptr<uint8_t>()[tensor.numel() / 2] ^= 0x5a;
