@@ -80,11 +80,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr (cosine schedule per epoch)")->capture_default_str();
   command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
-  command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str();
+  command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
-  command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)");
+  command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)")->check(at_least(0));
   command.add_option("--init,--weights", o.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
   command.add_flag("--strict", o.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head (fc for ResNet)");
@@ -96,7 +96,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
-  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(greater_than(0));
+  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(between(0.001, 31536000));
   return [flags] { return run_train(*flags); };
 });
 

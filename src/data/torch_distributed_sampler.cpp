@@ -22,13 +22,19 @@ int64_t read_int64(torch::serialize::InputArchive& archive, const char* key) {
 }  // namespace
 
 TorchDistributedSampler::TorchDistributedSampler(DistributedSampler sampler)
-    : state_(std::make_shared<State>(State{std::move(sampler), {}, 0})) {
-  reset();
+    : state_(std::make_shared<State>(State{std::move(sampler), {}, 0, 0})) {
+  restart();
 }
 
 void TorchDistributedSampler::set_epoch(int64_t epoch) {
+  if (epoch != state_->sampler.epoch()) state_->loaded_position = 0;
   state_->sampler.set_epoch(epoch);
-  reset();
+  restart();
+}
+
+void TorchDistributedSampler::restart() {
+  state_->order = state_->sampler.indices();
+  state_->position = state_->loaded_position;
 }
 
 int64_t TorchDistributedSampler::epoch() const { return state_->sampler.epoch(); }
@@ -39,9 +45,11 @@ void TorchDistributedSampler::reset(compat::TorchDataOptional<size_t> new_size) 
     DistributedSampler resized(static_cast<int64_t>(*new_size), state.sampler.options());
     resized.set_epoch(state.sampler.epoch());
     state.sampler = std::move(resized);
+    state.loaded_position = 0;
   }
-  state.order = state.sampler.indices();
-  state.position = 0;
+  restart();
+  // The loader's begin() is the one reset a loaded position must survive; after it, epochs start at 0.
+  state.loaded_position = 0;
 }
 
 compat::TorchDataOptional<std::vector<size_t>> TorchDistributedSampler::next(size_t batch_size) {
@@ -68,8 +76,9 @@ void TorchDistributedSampler::load(torch::serialize::InputArchive& archive) {
     throw InvalidArgument(detail::concat("TorchDistributedSampler: saved position ", position, " is outside [0, ",
                                          num_samples, "], the length of this rank's order"));
   }
-  set_epoch(epoch);
-  state_->position = static_cast<size_t>(position);
+  state_->loaded_position = static_cast<size_t>(position);
+  state_->sampler.set_epoch(epoch);
+  restart();
 }
 
 int64_t TorchDistributedSampler::position() const { return static_cast<int64_t>(state_->position); }

@@ -5,6 +5,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstring>
@@ -69,6 +70,7 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
       {"format", kCheckpointFormat},
       {"optimizer", optimizer_kind(optimizer)},
       {"optimizer_fingerprint", std::to_string(fingerprint_of(archive))},
+      {"libtorch_major", std::to_string(TORCH_VERSION_MAJOR)},
       {"epoch", std::to_string(state.epoch)},
       {"batches_done", std::to_string(state.batches_done)},
       {"step", std::to_string(state.step)},
@@ -79,6 +81,9 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
       {"epochs", std::to_string(state.epochs)},
       {"sampler_seed", std::to_string(state.sampler_seed)},
       {"world_size", std::to_string(state.world_size)},
+      {"batch_size", std::to_string(state.batch_size)},
+      {"shuffle", state.shuffle ? "1" : "0"},
+      {"drop_last", state.drop_last ? "1" : "0"},
   };
   if (state.batches_done > 0) {
     meta["epoch_loss_sum"] = format_double(state.epoch_loss_sum);
@@ -105,6 +110,10 @@ CheckpointState read_state(const TensorFile& file, const std::string& path) {
     state.epochs = std::stoi(get_meta(file, "epochs", path));
     state.sampler_seed = std::stoull(get_meta(file, "sampler_seed", path));
     state.world_size = std::stoi(get_meta(file, "world_size", path));
+    // Checkpoints of the first format came from tandem train, whose batches are cut the same way throughout a run.
+    state.batch_size = std::stoll(optional_meta(file, "batch_size", "0"));
+    state.shuffle = optional_meta(file, "shuffle", "1") == "1";
+    state.drop_last = optional_meta(file, "drop_last", "1") == "1";
     // Mid-epoch checkpoints of older tandems lack the epoch's progress; its metrics line then covers only the
     // batches trained after the resume.
     if (file.metadata.count("epoch_steps")) {
@@ -125,6 +134,19 @@ torch::Device device_of(const torch::nn::Module& module) {
   return torch::kCPU;
 }
 
+// LibTorch's optimizer archive names each parameter's state by an address written as text, and reads it back by
+// position; 1.x writes the address in hex, 2.x reads it as a decimal number, so an archive does not cross a
+// major version (2.x would give every parameter but one no state and crash in the next step).
+void check_same_libtorch(const TensorFile& file, const std::string& path) {
+  const std::string written_by = optional_meta(file, "libtorch_major", "");
+  if (written_by != std::to_string(TORCH_VERSION_MAJOR)) {
+    throw InvalidArgument(fmt::format("{} was written by a tandem built with LibTorch {}.x, this one uses {}.x: the "
+                                      "optimizer's state does not carry across; continue with a build of the same "
+                                      "LibTorch, or start a new run",
+                                      path, written_by.empty() ? "?" : written_by, TORCH_VERSION_MAJOR));
+  }
+}
+
 void restore_optimizer(const TensorFile& file, const std::string& path, torch::optim::Optimizer& optimizer,
                        torch::Device device) {
   const std::string saved_kind = get_meta(file, "optimizer", path), kind = optimizer_kind(optimizer);
@@ -133,6 +155,7 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
                                       "the optimizer the run started with, or start a new run in another run dir",
                                       path, saved_kind, kind));
   }
+  check_same_libtorch(file, path);
   torch::Tensor archive = file.find(kOptimizerArchive);
   // The archive goes to LibTorch's deserializer, which is not built for hostile bytes: a damaged one is
   // refused here, by its fingerprint, with the file named.
@@ -141,6 +164,10 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
     throw InvalidArgument(path + ": the optimizer state is missing or damaged; continue from an older checkpoint, "
                                  "or start a new run");
   }
+  // 2.x's load also replaces each param group's options with the saved ones, 1.13's keeps them: the options of
+  // the run being continued (its flags) win on both.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> current_options;
+  for (const auto& group : optimizer.param_groups()) current_options.push_back(group.options().clone());
   torch::serialize::InputArchive input;
   try {
     input.load_from(static_cast<const char*>(archive.data_ptr()), static_cast<size_t>(archive.numel()), device);
@@ -148,6 +175,10 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   } catch (const c10::Error& error) {
     throw InvalidArgument(fmt::format("{}: its {} state does not fit this optimizer's parameters ({})", path, kind,
                                       error.what_without_backtrace()));
+  }
+  auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size() && g < current_options.size(); ++g) {
+    groups[g].set_options(std::move(current_options[g]));
   }
 }
 

@@ -100,12 +100,13 @@ class Run {
   std::shared_ptr<const data::Dataset> train_set_, eval_set_;
   NanInjection injection_ = nan_injection_from_env();
   std::vector<double> base_lrs_;  // per param group, world-size-scaled
-  CosineSchedule schedule_;
+  CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
   std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<ProgressReporter> progress_;
   CheckpointState resumed_;
+  RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
   int64_t step_ = 0;
   bool stop_ = false;
 };
@@ -125,7 +126,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
       optimizer_(optimizer),
       train_set_(std::move(train_set)),
       eval_set_(std::move(eval_set)),
-      schedule_(0, options.lrf, std::max(1, options.epochs), options.warmup_steps) {
+      schedule_(1.0, options.lrf, options.epochs, options.warmup_steps) {
   if (options_.epochs < 1) throw InvalidArgument(fmt::format("epochs must be at least 1, not {}", options_.epochs));
   if (options_.batch_size < 1) throw InvalidArgument(fmt::format("batch size must be at least 1, not {}", options_.batch_size));
   if (options_.warmup_steps < 0) throw InvalidArgument("warmup steps must not be negative");
@@ -134,7 +135,6 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   const double scale = options_.scale_lr_by_world_size ? world_ : 1;
   for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
   if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
-  schedule_ = CosineSchedule(base_lrs_[0], options_.lrf, options_.epochs, options_.warmup_steps);
 }
 
 std::string Run::prepare_run_dir() {
@@ -159,12 +159,18 @@ void Run::resume_from(const std::string& checkpoint) {
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     ExtraState extra;
     resumed_ = load_checkpoint(checkpoint, module_, optimizer_, &extra);
-    if (resumed_.world_size != world_ || resumed_.sampler_seed != options_.seed || resumed_.epochs != options_.epochs) {
+    // The data order: batches_done counts batches of this order, so it must be the same one.
+    const bool same_batches = resumed_.batch_size == 0 ||  // first-format checkpoints did not record it
+                              (resumed_.batch_size == options_.batch_size && resumed_.shuffle == options_.shuffle &&
+                               resumed_.drop_last == options_.drop_last);
+    if (resumed_.world_size != world_ || resumed_.sampler_seed != options_.seed || resumed_.epochs != options_.epochs ||
+        !same_batches) {
       throw InvalidArgument(fmt::format(
-          "{} was written by a run with world size {}, --seed {}, --epochs {}; resume with the same values "
-          "(now {}, {}, {}), or start a new run in another --run-dir",
-          checkpoint, resumed_.world_size, resumed_.sampler_seed, resumed_.epochs, world_, options_.seed,
-          options_.epochs));
+          "{} was written by a run with world size {}, --seed {}, --epochs {}, --batch-size {}{}; resume with the "
+          "same values (now {}, {}, {}, {}{}), or start a new run in another --run-dir",
+          checkpoint, resumed_.world_size, resumed_.sampler_seed, resumed_.epochs, resumed_.batch_size,
+          resumed_.shuffle ? "" : ", --no-shuffle", world_, options_.seed, options_.epochs, options_.batch_size,
+          options_.shuffle ? "" : ", --no-shuffle"));
     }
     restore_rng_states(resumed_.rng, rank_, world_, options_.device);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
@@ -257,7 +263,9 @@ int64_t Run::make_loaders() {
 
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   ddp_model_->train();
-  if (callbacks_.on_epoch_start) callbacks_.on_epoch_start(epoch);
+  if (callbacks_.on_epoch_start) {
+    comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] { callbacks_.on_epoch_start(epoch); });
+  }
   // Inside a resumed epoch its finished batches are skipped in the sampler's order, never loaded.
   train_loader_->start_epoch(epoch, progress.batches_done);
   progress_->start_epoch(epoch, progress.batches_done);
@@ -271,6 +279,8 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
     ++progress.batches_done;
     if (steps_exhausted()) {
       stop_ = true;
+      // The generators as the uninterrupted run has them after this step, before this run's evaluation draws.
+      rng_at_stop_ = gather_rng_states(communicator_, options_.device);
       break;
     }
     if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 &&
@@ -339,7 +349,9 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress, doubl
     std::fflush(stdout);
     metrics_->write(m);
   });
-  if (callbacks_.on_epoch_end) callbacks_.on_epoch_end(m);
+  if (callbacks_.on_epoch_end) {
+    comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] { callbacks_.on_epoch_end(m); });
+  }
   return m;
 }
 
@@ -350,12 +362,15 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress, 
   state.batches_done = progress.batches_done;
   state.step = step_;
   state.lr = optimizer_.param_groups()[0].options().get_lr();
-  state.base_lr = schedule_.base_lr();
+  state.base_lr = base_lrs_[0];
   state.lrf = options_.lrf;
   state.warmup_steps = options_.warmup_steps;
   state.epochs = options_.epochs;
   state.sampler_seed = options_.seed;
   state.world_size = world_;
+  state.batch_size = options_.batch_size;
+  state.shuffle = options_.shuffle;
+  state.drop_last = options_.drop_last;
   state.epoch_loss_sum = progress.loss_sum;
   state.epoch_steps = progress.steps;
   state.epoch_train_seconds = train_seconds;
@@ -366,7 +381,7 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress, 
 void Run::write_checkpoint(const CheckpointState& state) {
   if (!options_.checkpoint) return;
   CheckpointState complete = state;
-  complete.rng = gather_rng_states(communicator_, options_.device);
+  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, options_.device);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
@@ -382,15 +397,27 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
   return torch::nn::functional::cross_entropy(logits, target);
 }
 
-Loop::Loop(LoopOptions options)
-    : Loop(std::move(options), is_initialized() ? default_group().communicator_ptr() : nullptr) {}
+Loop::Loop(LoopOptions options) : options_(std::move(options)), use_default_group_(true) {}
 
 Loop::Loop(LoopOptions options, comm::CommunicatorPtr communicator)
     : options_(std::move(options)), communicator_(std::move(communicator)) {}
 
+comm::CommunicatorPtr Loop::resolve_group() const {
+  if (!use_default_group_) return communicator_;
+  if (is_initialized()) return default_group().communicator_ptr();
+  // Under a launcher each process would otherwise train alone as rank 0, all of them into one run dir.
+  const char* world_size = std::getenv("WORLD_SIZE");
+  if (world_size && std::atoi(world_size) > 1) {
+    throw InvalidArgument(fmt::format("WORLD_SIZE is {} but no process group is initialised: call "
+                                      "tandem::init_process_group() before Loop::fit",
+                                      world_size));
+  }
+  return nullptr;
+}
+
 TrainResult Loop::fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
                       std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
-  Run run(options_, callbacks_, communicator_, std::move(model), optimizer, std::move(train_set), std::move(eval_set));
+  Run run(options_, callbacks_, resolve_group(), std::move(model), optimizer, std::move(train_set), std::move(eval_set));
   return run.execute();
 }
 

@@ -157,5 +157,41 @@ TEST(TorchDistributedSampler, SaveAndLoadResumeAtTheSameEpochAndPosition) {
   EXPECT_THROW(smaller.load(again), InvalidArgument);
 }
 
+// Resuming through LibTorch's loader: the loader's begin() resets its sampler, and set_epoch of the same epoch
+// comes first in a training loop; neither may drop the loaded position.
+TEST(TorchDistributedSampler, LoadedPositionSurvivesSetEpochAndTheLoadersResetOnce) {
+  const DistributedSamplerOptions options{2, 1, true, 9, false};
+  const auto batches_of = [](TorchDistributedSampler& sampler) {
+    auto loader = torch::data::make_data_loader(NumberedTorchDataset(23).map(torch::data::transforms::Stack<>()),
+                                                sampler, torch::data::DataLoaderOptions().batch_size(3));
+    std::vector<std::vector<int64_t>> batches;
+    for (auto& batch : *loader) batches.push_back(to_vector(batch.target));
+    return batches;
+  };
+  TorchDistributedSampler original(DistributedSampler(23, options));
+  original.set_epoch(3);
+  const auto whole_epoch = batches_of(original);
+  ASSERT_EQ(whole_epoch.size(), 4u) << "12 samples for rank 1 of 2, in batches of 3";
+
+  original.set_epoch(3);
+  ASSERT_TRUE(original.next(3).has_value() && original.next(3).has_value());  // 2 batches trained
+  std::stringstream bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    original.save(archive);
+    archive.save_to(bytes);
+  }
+  TorchDistributedSampler restored(DistributedSampler(23, options));
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes);
+  restored.load(archive);
+  restored.set_epoch(3);  // what a training loop does before each epoch
+  const auto rest = batches_of(restored);
+  EXPECT_EQ(rest, std::vector<std::vector<int64_t>>(whole_epoch.begin() + 2, whole_epoch.end()));
+  EXPECT_EQ(batches_of(restored), whole_epoch) << "the next iteration starts the epoch over";
+  restored.set_epoch(4);
+  EXPECT_EQ(restored.position(), 0);
+}
+
 }  // namespace
 }  // namespace tandem::data

@@ -155,6 +155,31 @@ TEST(Checkpoint, ADamagedOptimizerStateIsRefusedBeforeLibTorchParsesIt) {
   EXPECT_NE(error.find("optimizer state is missing or damaged"), std::string::npos) << error;
 }
 
+// The optimizer's archive names parameters by addresses that 1.x writes in hex and 2.x reads as decimal.
+TEST(Checkpoint, ACheckpointOfAnotherLibTorchMajorVersionIsOneLine) {
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = checkpoint_after_one_step("other_libtorch", net, *sgd);
+  TensorFile file = load_safetensors(path);
+  file.metadata["libtorch_major"] = "0";
+  save_safetensors(path, file.tensors, file.metadata);
+  const std::string error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find("LibTorch 0.x"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+// 2.x's Optimizer::load would bring back the saved options; the continued run's own (its flags) must win.
+TEST(Checkpoint, TheContinuedRunKeepsItsOwnOptimizerOptions) {
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = checkpoint_after_one_step("own_options", net, *sgd);
+  torch::optim::SGD changed(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5).weight_decay(0.0));
+  load_checkpoint(path, *net, changed);
+  const auto& options = static_cast<const torch::optim::SGDOptions&>(changed.param_groups()[0].options());
+  EXPECT_DOUBLE_EQ(options.momentum(), 0.5);
+  EXPECT_DOUBLE_EQ(options.weight_decay(), 0.0);
+}
+
 TEST(Checkpoint, ExtraStateRoundTrips) {
   const std::string dir = make_temp_dir("extra");
   nn::CnnNet net;

@@ -3,6 +3,7 @@
 // dropout (the RNG state) on one; the schedule scales every param group by the world size and warms up
 // linearly; the user's extra state comes back on resume; another optimizer kind is refused.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <functional>
 #include <map>
@@ -224,6 +225,52 @@ TEST(Loop, ContinuingARunWithAnotherKindOfOptimizerStopsWithOneLineNamingBoth) {
     EXPECT_NE(message.find("torch::optim::AdamW"), std::string::npos) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
+}
+
+// hold_model's other shapes of a model: a std::shared_ptr to a module, and an AnyModule.
+TEST(Loop, TrainsAModuleHeldByASharedPtrOrAnAnyModule) {
+  auto linear = std::make_shared<torch::nn::LinearImpl>(8, 2);
+  const torch::Tensor before = linear->weight.detach().clone();
+  torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(make_temp_dir("loop_shared_ptr"));
+  options.epochs = 1;
+  const TrainResult result = Loop(options, nullptr).fit(linear, sgd, separable_set(96, 7), separable_set(20, 8));
+  EXPECT_EQ(result.steps, 12);
+  EXPECT_FALSE(torch::equal(before, linear->weight));
+  EXPECT_EQ(result.epochs.at(0).total, 20);
+
+  torch::nn::AnyModule any(torch::nn::Linear(8, 2));
+  torch::optim::SGD any_sgd(any.ptr()->parameters(), torch::optim::SGDOptions(0.05));
+  options.run_dir = make_temp_dir("loop_any_module");
+  EXPECT_EQ(Loop(options, nullptr).fit(any, any_sgd, separable_set(96, 7), nullptr).steps, 12);
+}
+
+TEST(Loop, ContinuingWithAnotherBatchSizeIsRefusedBecauseTheSamplesDoneWouldBeOthers) {
+  const std::string run_dir = make_temp_dir("loop_other_batch");
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(run_dir);
+  options.max_steps = 3;
+  Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr);
+  options.max_steps = 0;
+  options.batch_size = kBatch * 2;
+  try {
+    Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("--batch-size 8"), std::string::npos) << error.what();
+  }
+}
+
+// Under a launcher, a Loop whose program forgot init_process_group() would train alone on every rank, all into
+// one run dir.
+TEST(Loop, SeveralProcessesWithoutAProcessGroupAreRefused) {
+  ASSERT_EQ(::setenv("WORLD_SIZE", "2", 1), 0);
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(make_temp_dir("loop_no_group"));
+  EXPECT_THROW(Loop(options).fit(net, sgd, separable_set(96, 7), nullptr), InvalidArgument);
+  ::unsetenv("WORLD_SIZE");
 }
 
 }  // namespace

@@ -36,11 +36,13 @@ class TorchDistributedSampler final : public torch::data::samplers::Sampler<std:
   explicit TorchDistributedSampler(DistributedSampler sampler);
 
   // Selects the epoch's order and restarts at its first index (PyTorch's set_epoch): call it on every rank with
-  // the same value before each epoch; without it every epoch repeats the order of epoch 0, as in PyTorch.
+  // the same value before each epoch; without it every epoch repeats the order of epoch 0, as in PyTorch. After
+  // load(), the loaded epoch restarts at the loaded position instead.
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
 
-  // Restarts at the first index of the current epoch's order. A new_size other than the data set's size
+  // Restarts at the first index of the current epoch's order, or once at a load()ed position (the loader calls
+  // this as its iteration begins). A new_size other than the data set's size
   // re-splits a data set of that size with the same options (world, rank, shuffle, seed, drop_last). The
   // default argument is how torch's loader calls it.
   void reset(compat::TorchDataOptional<size_t> new_size = {}) override;
@@ -51,8 +53,11 @@ class TorchDistributedSampler final : public torch::data::samplers::Sampler<std:
   compat::TorchDataOptional<std::vector<size_t>> next(size_t batch_size) override;
 
   // The state is the epoch and the position in its order, both equal on every rank at the same step, so the
-  // state one rank saved restores every rank. Size, world, rank, shuffle and seed come from the constructor;
-  // load() throws InvalidArgument when the saved position lies past this rank's order.
+  // state one rank saved restores every rank; the next iteration of the loader (after set_epoch of the same epoch,
+  // if the caller makes one) continues from there. The position counts indices handed out: a loader with
+  // workers asks for batches ahead of the ones trained, so save between epochs there, or after the loader has
+  // been drained. Size, world, rank, shuffle and seed come from the constructor; load() throws InvalidArgument
+  // when the saved position lies past this rank's order.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -63,9 +68,12 @@ class TorchDistributedSampler final : public torch::data::samplers::Sampler<std:
  private:
   struct State {
     DistributedSampler sampler;
-    std::vector<int64_t> order;  // sampler.indices() as of the last reset()
+    std::vector<int64_t> order;  // sampler.indices() as of the last restart
     size_t position = 0;
+    size_t loaded_position = 0;  // where the loaded epoch restarts, until the loader's next reset()
   };
+
+  void restart();
 
   std::shared_ptr<State> state_;
 };

@@ -26,7 +26,6 @@ class ModelHolder {
   torch::nn::Module& operator*() const { return *module_; }
   ModelHolder* operator->() { return this; }
   torch::Tensor forward(const torch::Tensor& x) { return forward_(x); }
-  const std::shared_ptr<torch::nn::Module>& ptr() const { return module_; }
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

@@ -6,8 +6,9 @@
 //                       and every per-parameter state, e.g. SGD momentum or Adam's moments and step counts)
 //   rng.cpu, rng.device each rank's random generator state, one row per rank (when the caller saves them)
 //   extra.<name>        the user's own tensors (ExtraState)
-//   __metadata__        format, optimizer (its C++ type), the archive's fingerprint, epoch, step, batches_done,
-//                       the schedule, sampler_seed, world_size, the unfinished epoch's loss and time, extra.<key>
+//   __metadata__        format, optimizer (its C++ type), the archive's fingerprint, the LibTorch major version,
+//                       epoch, step, batches_done, the schedule, the data order (sampler_seed, world_size,
+//                       batch_size, shuffle, drop_last), the unfinished epoch's loss and time, extra.<key>
 // Written by rank 0 only, atomically (temp file, fsync, rename); where they live: train/run_directory.h.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -33,8 +34,12 @@ struct CheckpointState {
   double lrf = 0;
   int64_t warmup_steps = 0;
   int epochs = 0;
+  // The data order: with these and the epoch, batches_done says which samples are done.
   uint64_t sampler_seed = 0;
   int world_size = 1;
+  int64_t batch_size = 0;  // per rank
+  bool shuffle = true;
+  bool drop_last = true;
   // The unfinished epoch's training so far, for its metrics line (zero at an epoch boundary).
   double epoch_loss_sum = 0;
   int64_t epoch_steps = 0;
@@ -57,7 +62,9 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
 
 // Restores model weights (strict: every tensor must match) and the optimizer's state in place, its tensors on
 // the model's device, fills `extra` when given, and returns the state. Throws InvalidArgument naming the file if it is not
-// a tandem checkpoint, does not fit the model, or was written with another kind of optimizer. A checkpoint of
+// a tandem checkpoint, does not fit the model, was written with another kind of optimizer or by a build with
+// another LibTorch major version (the optimizer's archive does not carry across). The optimizer keeps its own
+// options (lr aside, which the caller's schedule sets); only its state comes from the file. A checkpoint of
 // the first format (tandem-checkpoint-1, SGD momentum only) still restores into an SGD optimizer.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra = nullptr);

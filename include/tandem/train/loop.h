@@ -9,7 +9,7 @@
 //   options.epochs = 5;
 //   tandem::train::Loop loop(options);                       // the process group of init_process_group()
 //   loop.callbacks().on_epoch_end = [](const tandem::train::EpochMetrics& m) { ... };
-//   loop.fit(net, optimizer, train_set, test_set);           // data::Dataset pointers (data/torch_dataset.h
+//   loop.fit(net, optimizer, train_set, test_set);           // data::Dataset pointers (data/torch_dataset_adapter.h
 //                                                             // adapts torch::data datasets)
 //
 // What fit() does, per epoch: the DistributedSampler's order for (seed, epoch), one optimizer step per batch on
@@ -85,12 +85,21 @@ struct StepInfo {
   double lr = 0;      // the first param group's rate for this step
 };
 
-// Every callback is optional. Those that every rank runs must issue the same collectives on every rank.
+// Every callback is optional. Those that every rank runs must issue the same collectives on every rank. A throw
+// from on_run_start, on_epoch_start or on_epoch_end on any rank stops every rank; on_step, the loss and the
+// model's forward run inside the step, where a throw on some ranks only leaves the others waiting in the next
+// collective until its timeout, so they must fail alike on every rank or not at all.
+//
+// Bit-identical resume covers the random numbers drawn on the training thread (dropout, the user's own draws),
+// restored per rank from the checkpoint. Data sets run on the loader's prefetch thread, ahead of training: their
+// randomness must come from (seed, epoch, index), as ImageFolderDataset's augmentation does, not from the global
+// generator.
 struct LoopCallbacks {
   // every rank, once the run dir is chosen and the ranks agree on their data, before training; a throw on any
   // rank stops every rank
   std::function<void(const std::string& run_dir)> on_run_start;
-  std::function<void(int epoch)> on_epoch_start;            // every rank, before the epoch's first batch
+  std::function<void(int epoch)> on_epoch_start;            // every rank, before the epoch's first (or, resumed
+                                                            // inside it, next) batch
   std::function<void(const StepInfo&)> on_step;             // every rank, after each optimizer step
   std::function<void(const EpochMetrics&)> on_epoch_end;    // every rank, after evaluation
   std::function<ExtraState()> save_extra;                   // rank 0, into each checkpoint
@@ -111,7 +120,8 @@ class NonFiniteLossError : public Error {
 
 class Loop {
  public:
-  // Uses the process group of init_process_group(), or a world of one if none was initialised.
+  // Uses the process group of init_process_group() as fit() finds it, or a world of one if none was
+  // initialised (an error where WORLD_SIZE says there are several processes).
   explicit Loop(LoopOptions options = {});
   // `communicator` null: a world of one. It must be the same group on every rank.
   Loop(LoopOptions options, comm::CommunicatorPtr communicator);
@@ -134,8 +144,11 @@ class Loop {
   }
 
  private:
+  comm::CommunicatorPtr resolve_group() const;
+
   LoopOptions options_;
   comm::CommunicatorPtr communicator_;
+  bool use_default_group_ = false;
   LoopCallbacks callbacks_;
 };
 

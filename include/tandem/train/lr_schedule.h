@@ -21,17 +21,15 @@ class CosineSchedule {
     constexpr double kPi = 3.14159265358979323846;
     return ((1.0 + std::cos(epoch * kPi / epochs_)) / 2.0) * (1.0 - lrf_) + lrf_;
   }
+  // Of the optimizer step `step`, 0-based and counted from the start of the run.
   double warmup_factor(int64_t step) const {
     return step < warmup_steps_ ? static_cast<double>(step + 1) / static_cast<double>(warmup_steps_) : 1.0;
   }
-  // The rate of the optimizer step `step` (0-based, counted from the start of the run) inside epoch `epoch`.
-  double lr(int epoch, int64_t step) const { return base_lr_ * factor(epoch) * warmup_factor(step); }
   double lr(int epoch) const { return base_lr_ * factor(epoch); }
 
   double base_lr() const { return base_lr_; }
   double lrf() const { return lrf_; }
   int epochs() const { return epochs_; }
-  int64_t warmup_steps() const { return warmup_steps_; }
 
  private:
   double base_lr_;
