@@ -127,21 +127,30 @@ TEST(TorchDistributedSampler, ResetWithANewSizeReSplitsThatSize) {
   EXPECT_EQ(sampler.sampler().dataset_size(), 20);
 }
 
+// The sampler's state through LibTorch's archive, as a checkpoint would carry it.
+std::string saved_state(const TorchDistributedSampler& sampler) {
+  torch::serialize::OutputArchive archive;
+  sampler.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+void load_state(TorchDistributedSampler& sampler, const std::string& state) {
+  std::istringstream bytes(state);
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes);
+  sampler.load(archive);
+}
+
 TEST(TorchDistributedSampler, SaveAndLoadResumeAtTheSameEpochAndPosition) {
   const DistributedSamplerOptions options{2, 0, true, 9, false};
   TorchDistributedSampler saved(DistributedSampler(23, options));
   saved.set_epoch(3);
   ASSERT_TRUE(saved.next(5).has_value());
-  std::stringstream bytes;
-  {
-    torch::serialize::OutputArchive archive;
-    saved.save(archive);
-    archive.save_to(bytes);
-  }
+  const std::string state = saved_state(saved);
   TorchDistributedSampler restored(DistributedSampler(23, options));
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes);
-  restored.load(archive);
+  load_state(restored, state);
   EXPECT_EQ(restored.epoch(), 3);
   EXPECT_EQ(restored.position(), 5);
   const auto rest = restored.next(100), expected_rest = saved.next(100);
@@ -150,11 +159,7 @@ TEST(TorchDistributedSampler, SaveAndLoadResumeAtTheSameEpochAndPosition) {
 
   // A position past this rank's order (a state saved for a larger data set) is refused.
   TorchDistributedSampler smaller(DistributedSampler(6, options));
-  bytes.clear();
-  bytes.seekg(0);
-  torch::serialize::InputArchive again;
-  again.load_from(bytes);
-  EXPECT_THROW(smaller.load(again), InvalidArgument);
+  EXPECT_THROW(load_state(smaller, state), InvalidArgument);
 }
 
 // Resuming through LibTorch's loader: the loader's begin() resets its sampler, and set_epoch of the same epoch
@@ -175,16 +180,8 @@ TEST(TorchDistributedSampler, LoadedPositionSurvivesSetEpochAndTheLoadersResetOn
 
   original.set_epoch(3);
   ASSERT_TRUE(original.next(3).has_value() && original.next(3).has_value());  // 2 batches trained
-  std::stringstream bytes;
-  {
-    torch::serialize::OutputArchive archive;
-    original.save(archive);
-    archive.save_to(bytes);
-  }
   TorchDistributedSampler restored(DistributedSampler(23, options));
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes);
-  restored.load(archive);
+  load_state(restored, saved_state(original));
   restored.set_epoch(3);  // what a training loop does before each epoch
   const auto rest = batches_of(restored);
   EXPECT_EQ(rest, std::vector<std::vector<int64_t>>(whole_epoch.begin() + 2, whole_epoch.end()));
