@@ -64,7 +64,7 @@ struct EpochProgress {
   int64_t batches_done = 0;
   double loss_sum = 0;  // of the per-step losses averaged over ranks
   int64_t steps = 0;
-  double earlier_seconds = 0;  // trained before a resume
+  double seconds = 0;  // training time, before a resume included
 };
 
 // One call of Loop::fit: the model wrapped for the run, its loaders and writers, and where training stands.
@@ -82,9 +82,9 @@ class Run {
   int64_t make_loaders();
   EpochProgress train_epoch(int epoch, EpochProgress progress);
   double train_step(int epoch, int64_t batch_index, const data::Batch& batch);
-  EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress, double train_seconds);
+  EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress);
   void set_lr(int epoch);
-  CheckpointState checkpoint_state(int epoch, const EpochProgress& progress, double train_seconds) const;
+  CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const CheckpointState& state);
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
 
@@ -225,13 +225,10 @@ TrainResult Run::execute() {
     if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
       progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_train_seconds};
     }
-    const auto start = std::chrono::steady_clock::now();
     progress = train_epoch(epoch, progress);
-    const double train_seconds =
-        progress.earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    result.epochs.push_back(evaluate_epoch(epoch, progress, train_seconds));
+    result.epochs.push_back(evaluate_epoch(epoch, progress));
     const bool complete = progress.batches_done >= batches_per_epoch;
-    write_checkpoint(complete ? checkpoint_state(epoch + 1, {}, 0) : checkpoint_state(epoch, progress, train_seconds));
+    write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
   result.steps = step_;
   return result;
@@ -270,6 +267,10 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   train_loader_->start_epoch(epoch, progress.batches_done);
   progress_->start_epoch(epoch, progress.batches_done);
   const auto start = std::chrono::steady_clock::now();
+  const double earlier_seconds = progress.seconds;
+  const auto seconds_so_far = [&] {
+    return earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   const int64_t batches_per_epoch = train_loader_->num_batches();
   while (std::optional<data::Batch> batch = train_loader_->next()) {
     const double loss = train_step(epoch, progress.batches_done, *batch);
@@ -285,10 +286,11 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
     }
     if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 &&
         progress.batches_done < batches_per_epoch) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      write_checkpoint(checkpoint_state(epoch, progress, progress.earlier_seconds + seconds));
+      progress.seconds = seconds_so_far();
+      write_checkpoint(checkpoint_state(epoch, progress));
     }
   }
+  progress.seconds = seconds_so_far();
   progress_->end_epoch();
   return progress;
 }
@@ -325,13 +327,13 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   return mean_loss;
 }
 
-EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress, double train_seconds) {
+EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   EpochMetrics m;
   m.epoch = epoch;
   m.loss = progress.steps > 0 ? progress.loss_sum / progress.steps : 0.0;
   m.lr = optimizer_.param_groups()[0].options().get_lr();
-  m.train_seconds = train_seconds;
-  m.samples_per_second = train_seconds > 0 ? progress.steps * options_.batch_size * world_ / train_seconds : 0.0;
+  m.train_seconds = progress.seconds;
+  m.samples_per_second = progress.seconds > 0 ? progress.steps * options_.batch_size * world_ / progress.seconds : 0.0;
   m.step = step_;
   if (eval_loader_) {
     // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
@@ -356,7 +358,7 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress, doubl
 }
 
 // The run's state after `progress.batches_done` batches of `epoch`, with that epoch's loss and time so far.
-CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress, double train_seconds) const {
+CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) const {
   CheckpointState state;
   state.epoch = epoch;
   state.batches_done = progress.batches_done;
@@ -373,7 +375,7 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress, 
   state.drop_last = options_.drop_last;
   state.epoch_loss_sum = progress.loss_sum;
   state.epoch_steps = progress.steps;
-  state.epoch_train_seconds = train_seconds;
+  state.epoch_train_seconds = progress.seconds;
   return state;
 }
 

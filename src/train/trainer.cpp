@@ -145,8 +145,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   const int world = group ? group->world_size() : 1;
   const bool is_main = !group || group->rank() == 0;
   TrainOptions options = given;
-  if (options.epochs < 1) throw InvalidArgument("--epochs must be at least 1");
-  if (options.batch_size < 1) throw InvalidArgument("--batch-size must be at least 1");
+  // Epochs and batch size are the loop's to check; the rate is ours, since the loop takes the optimizer's.
   if (options.lr <= 0) throw InvalidArgument("--lr must be positive");
 
   data::DataFolder data;
