@@ -11,6 +11,10 @@
 // multiTenant; 2.x adds masterListenFd and useLibUV.
 // torch::data's interfaces (Sampler::reset and next, a data set's size) take and return `optional`:
 // c10::optional in 1.13 (a class of its own), std::optional in 2.x.
+// ATen/autocast_mode.h: 1.13 has one call pair per device (set_cpu_enabled, set_autocast_cpu_dtype; set_enabled
+// and set_autocast_gpu_dtype for CUDA); 2.4 takes the device type as an argument and deprecates the old pairs.
+// CPU autocast in 1.13 knows only bfloat16 (its Python torch.autocast refuses float16 on CPU); 2.x does both.
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -25,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #define TANDEM_TORCH_VERSION_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -132,6 +137,66 @@ inline void drop_gradients(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) param.mutable_grad() = torch::Tensor();
   }
+}
+
+// Autocast's per-thread setting for one device type. Only CPU and CUDA: tandem trains on nothing else.
+struct AutocastSetting {
+  bool enabled = false;
+  at::ScalarType dtype = at::kBFloat16;
+};
+
+inline bool autocast_knows(c10::DeviceType device_type) {
+  return device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA;
+}
+
+inline bool autocast_can_run(c10::DeviceType device_type, at::ScalarType dtype) {
+  if (!autocast_knows(device_type) || (dtype != at::kBFloat16 && dtype != at::kHalf)) return false;
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 0)
+  return true;
+#else
+  return device_type == c10::DeviceType::CUDA || dtype == at::kBFloat16;
+#endif
+}
+
+inline AutocastSetting autocast_setting(c10::DeviceType device_type) {
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 4)
+  return {at::autocast::is_autocast_enabled(device_type), at::autocast::get_autocast_dtype(device_type)};
+#else
+  if (device_type == c10::DeviceType::CPU) return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+  return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+#endif
+}
+
+inline void set_autocast_setting(c10::DeviceType device_type, AutocastSetting setting) {
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device_type, setting.enabled);
+  at::autocast::set_autocast_dtype(device_type, setting.dtype);
+#else
+  if (device_type == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(setting.enabled);
+    at::autocast::set_autocast_cpu_dtype(setting.dtype);
+  } else {
+    at::autocast::set_enabled(setting.enabled);
+    at::autocast::set_autocast_gpu_dtype(setting.dtype);
+  }
+#endif
+}
+
+// Multiplies every gradient in `grads` (one device and dtype) by `inv_scale` and sets `found_inf` (one float on
+// that device) to 1 if any value is inf or NaN. ATen's fused kernel exists for CUDA in both versions and for
+// the CPU from 2.3 on; 1.13's CPU gets the same arithmetic (one float multiply per value) op by op.
+inline void unscale_and_check_finite(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                                     const torch::Tensor& inv_scale) {
+#if !TANDEM_TORCH_VERSION_AT_LEAST(2, 3)
+  if (!found_inf.is_cuda()) {
+    for (const auto& grad : grads) {
+      found_inf.logical_or_(torch::isfinite(grad).all().logical_not());
+      grad.mul_(inv_scale);
+    }
+    return;
+  }
+#endif
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
 }
 
 }  // namespace tandem::compat
