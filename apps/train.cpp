@@ -21,6 +21,7 @@ struct TrainFlags {
   std::string normalize;
   int threads = 0;
   std::string device = "auto";
+  std::string precision = "32";
   std::string backend;
   double timeout_seconds = 300;
   bool no_shuffle = false;
@@ -38,6 +39,7 @@ int default_threads(int local_world_size) {
 int run_train(TrainFlags& flags) {
   train::TrainOptions& options = flags.options;
   options.shuffle = !flags.no_shuffle;
+  options.precision = amp::parse_precision(flags.precision);
   if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
 
   InitOptions init;
@@ -95,6 +97,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least(0));
   command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(between(0.001, 31536000));
   return [flags] { return run_train(*flags); };

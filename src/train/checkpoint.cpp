@@ -85,6 +85,14 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
       {"shuffle", state.shuffle ? "1" : "0"},
       {"drop_last", state.drop_last ? "1" : "0"},
   };
+  meta["precision"] = state.precision;
+  if (state.grad_scaler) {
+    meta["grad_scaler.scale"] = format_double(state.grad_scaler->scale);
+    meta["grad_scaler.growth_factor"] = format_double(state.grad_scaler->growth_factor);
+    meta["grad_scaler.backoff_factor"] = format_double(state.grad_scaler->backoff_factor);
+    meta["grad_scaler.growth_interval"] = std::to_string(state.grad_scaler->growth_interval);
+    meta["grad_scaler.growth_tracker"] = std::to_string(state.grad_scaler->growth_tracker);
+  }
   if (state.batches_done > 0) {
     meta["epoch_loss_sum"] = format_double(state.epoch_loss_sum);
     meta["epoch_steps"] = std::to_string(state.epoch_steps);
@@ -120,6 +128,16 @@ CheckpointState read_state(const TensorFile& file, const std::string& path) {
       state.epoch_loss_sum = std::stod(get_meta(file, "epoch_loss_sum", path));
       state.epoch_steps = std::stoll(get_meta(file, "epoch_steps", path));
       state.epoch_train_seconds = std::stod(get_meta(file, "epoch_train_seconds", path));
+    }
+    state.precision = optional_meta(file, "precision", "32");
+    if (file.metadata.count("grad_scaler.scale")) {
+      amp::GradScalerState scaler;
+      scaler.scale = std::stod(get_meta(file, "grad_scaler.scale", path));
+      scaler.growth_factor = std::stod(get_meta(file, "grad_scaler.growth_factor", path));
+      scaler.backoff_factor = std::stod(get_meta(file, "grad_scaler.backoff_factor", path));
+      scaler.growth_interval = std::stoll(get_meta(file, "grad_scaler.growth_interval", path));
+      scaler.growth_tracker = std::stoll(get_meta(file, "grad_scaler.growth_tracker", path));
+      state.grad_scaler = scaler;
     }
   } catch (const std::logic_error& error) {  // stoi & co on a damaged value
     throw InvalidArgument(path + ": checkpoint metadata holds a malformed number");

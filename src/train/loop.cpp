@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
+#include "tandem/amp/autocast.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/comm/value_collectives.h"
@@ -59,6 +61,12 @@ torch::Tensor reduce_step_statistics(const torch::Tensor& loss, int rank, comm::
   return stats.cpu();
 }
 
+amp::GradScalerOptions scaler_options(const LoopOptions& options) {
+  amp::GradScalerOptions scaler = options.grad_scaler;
+  scaler.enabled = amp::uses_loss_scaling(options.precision);
+  return scaler;
+}
+
 // Where an epoch's training stands: restored from a checkpoint taken inside it, or from zero.
 struct EpochProgress {
   int64_t batches_done = 0;
@@ -87,6 +95,13 @@ class Run {
   CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const CheckpointState& state);
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
+  // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
+  template <typename Pass>
+  auto in_precision(Pass&& pass) {
+    std::optional<amp::Autocast> autocast;
+    if (autocast_dtype_) autocast.emplace(options_.device.type(), *autocast_dtype_);
+    return pass();
+  }
 
   LoopOptions options_;
   const LoopCallbacks& callbacks_;
@@ -101,6 +116,8 @@ class Run {
   NanInjection injection_ = nan_injection_from_env();
   std::vector<double> base_lrs_;  // per param group, world-size-scaled
   CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
+  std::optional<torch::ScalarType> autocast_dtype_;
+  amp::GradScaler scaler_;        // disabled unless the precision scales the loss
   std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<MetricsWriter> metrics_;
@@ -126,7 +143,9 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
       optimizer_(optimizer),
       train_set_(std::move(train_set)),
       eval_set_(std::move(eval_set)),
-      schedule_(1.0, options.lrf, options.epochs, options.warmup_steps) {
+      schedule_(1.0, options.lrf, options.epochs, options.warmup_steps),
+      autocast_dtype_(amp::autocast_dtype(options.precision)),
+      scaler_(scaler_options(options), communicator_ptr_) {
   if (options_.epochs < 1) throw InvalidArgument(fmt::format("epochs must be at least 1, not {}", options_.epochs));
   if (options_.batch_size < 1) throw InvalidArgument(fmt::format("batch size must be at least 1, not {}", options_.batch_size));
   if (options_.warmup_steps < 0) throw InvalidArgument("warmup steps must not be negative");
@@ -135,6 +154,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   const double scale = options_.scale_lr_by_world_size ? world_ : 1;
   for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
   if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
+  if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
 }
 
 std::string Run::prepare_run_dir() {
@@ -173,11 +193,16 @@ void Run::resume_from(const std::string& checkpoint) {
           options_.shuffle ? "" : ", --no-shuffle"));
     }
     restore_rng_states(resumed_.rng, rank_, world_, options_.device);
+    if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
   step_ = resumed_.step;
   log::main_info("resuming from {} (epoch {}, batch {}, step {})", checkpoint, resumed_.epoch, resumed_.batches_done,
                  resumed_.step);
+  if (resumed_.precision != amp::to_string(options_.precision)) {
+    log::main_info("the run trained in precision {} so far and continues in {}", resumed_.precision,
+                   amp::to_string(options_.precision));
+  }
   if (resumed_.epoch >= options_.epochs || steps_exhausted()) {
     log::main_info("{} has already finished training; nothing is left to do (pass another --run-dir for a new run)",
                    options_.run_dir);
@@ -300,12 +325,14 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   fault::kill_point("step", step_ + 1);
   set_lr(epoch);
   compat::drop_gradients(optimizer_);
-  torch::Tensor output = ddp_model_->forward(batch.data);
-  // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
-  // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
-  torch::Tensor loss = batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
+  torch::Tensor loss = in_precision([&] {
+    torch::Tensor output = ddp_model_->forward(batch.data);
+    // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
+    // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
+    return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
+  });
   if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
-  loss.backward();
+  scaler_.scale(loss).backward();
   const torch::Tensor step_stats = reduce_step_statistics(loss, rank_, communicator_);
   const double* stats = step_stats.data_ptr<double>();
   std::vector<int> bad_ranks;
@@ -318,11 +345,13 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
         "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
         bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ","), step_, epoch, batch_index));
   }
-  optimizer_.step();
+  const bool stepped = scaler_.step(optimizer_);
+  scaler_.update();
   ++step_;
   const double mean_loss = stats[0] / world_;
   if (callbacks_.on_step) {
-    callbacks_.on_step({epoch, batch_index, step_, mean_loss, optimizer_.param_groups()[0].options().get_lr()});
+    callbacks_.on_step({epoch, batch_index, step_, mean_loss, optimizer_.param_groups()[0].options().get_lr(), stepped,
+                        scaler_.get_scale()});
   }
   return mean_loss;
 }
@@ -338,8 +367,8 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   if (eval_loader_) {
     // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
     ddp_model_->eval();
-    const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return model_.forward(x); }, *eval_loader_, epoch,
-                                       communicator_);
+    const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return in_precision([&] { return model_.forward(x); }); },
+                                       *eval_loader_, epoch, communicator_);
     m.accuracy = counts.accuracy();
     m.correct = counts.correct;
     m.total = counts.total;
@@ -373,6 +402,8 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
   state.batch_size = options_.batch_size;
   state.shuffle = options_.shuffle;
   state.drop_last = options_.drop_last;
+  state.precision = amp::to_string(options_.precision);
+  if (scaler_.is_enabled()) state.grad_scaler = scaler_.state_dict();
   state.epoch_loss_sum = progress.loss_sum;
   state.epoch_steps = progress.steps;
   state.epoch_train_seconds = progress.seconds;

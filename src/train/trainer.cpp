@@ -94,6 +94,7 @@ LoopOptions loop_options(const TrainOptions& o) {
   loop.keep_checkpoints = o.keep_checkpoints;
   loop.check_replicas_every = o.check_replicas_every;
   loop.progress = o.progress;
+  loop.precision = o.precision;
   return loop;
 }
 
@@ -107,6 +108,7 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("model", fmt::format("{}, {} classes{}", o.model, o.num_classes, o.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
   line("device", o.device.str());
+  line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
   line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", o.lr, world_size, o.lr * world_size, o.lrf));

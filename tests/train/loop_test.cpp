@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include <torch/version.h>
 
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
@@ -70,11 +73,18 @@ void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<tor
   }
 }
 
+// What a test changes in a run of fit_on_two_ranks, and what it watches.
+struct RunTweaks {
+  std::function<void(LoopOptions&)> adjust_options;
+  std::vector<StepInfo>* rank0_steps = nullptr;  // every step rank 0 took, in order
+};
+
 // Trains on 2 thread ranks, every rank's model built beforehand on this thread (the threads share one random
 // generator). `stop_after` > 0 stops the run there; the loop then checkpoints inside an epoch.
 std::vector<std::vector<torch::Tensor>> fit_on_two_ranks(const OptimizerCase& kind, const std::string& run_dir,
                                                          uint64_t init_seed, int64_t stop_after,
-                                                         std::vector<TrainResult>* results = nullptr) {
+                                                         std::vector<TrainResult>* results = nullptr,
+                                                         const RunTweaks& tweaks = {}) {
   std::vector<torch::nn::Sequential> nets{make_net(init_seed), make_net(init_seed + 1)};
   auto train_set = separable_set(96, 7), test_set = separable_set(20, 8);
   std::vector<std::vector<torch::Tensor>> weights(2);
@@ -83,7 +93,11 @@ std::vector<std::vector<torch::Tensor>> fit_on_two_ranks(const OptimizerCase& ki
     auto optimizer = kind.make(nets[rank]);
     LoopOptions options = quiet_options(run_dir);
     options.max_steps = stop_after;
+    if (tweaks.adjust_options) tweaks.adjust_options(options);
     Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    if (rank == 0 && tweaks.rank0_steps) {
+      loop.callbacks().on_step = [&](const StepInfo& info) { tweaks.rank0_steps->push_back(info); };
+    }
     per_rank[rank] = loop.fit(nets[rank], *optimizer, train_set, test_set);
     weights[rank] = weights_of(nets[rank]);
   });
@@ -140,6 +154,91 @@ INSTANTIATE_TEST_SUITE_P(
                             net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
                       }}),
     [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+
+const OptimizerCase kSgd{"SGD", [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                          return std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05));
+                        }};
+
+// Mixed precision resumes bit-identically too; 16-mixed's scaler state (growing every 3 steps here, so that a
+// continued run without it would scale differently) comes back from the checkpoint.
+class LoopPrecisionResume : public ::testing::TestWithParam<amp::Precision> {};
+
+TEST_P(LoopPrecisionResume, ContinuedRunEndsWithTheUninterruptedWeightsAndLossScales) {
+  const amp::Precision precision = GetParam();
+  const std::string name = amp::to_string(precision);
+#if TORCH_VERSION_MAJOR < 2
+  if (precision == amp::Precision::kFloat16Mixed) GTEST_SKIP() << "1.13's CPU autocast has no float16";
+#endif
+  std::vector<StepInfo> whole_steps, first_steps, continued_steps;
+  const auto tweaks = [&](std::vector<StepInfo>* steps) {
+    return RunTweaks{[&](LoopOptions& options) {
+                       options.precision = precision;
+                       options.grad_scaler.growth_interval = 3;
+                     },
+                     steps};
+  };
+  const auto whole = fit_on_two_ranks(kSgd, make_temp_dir("loop_whole_" + name), 1, 0, nullptr, tweaks(&whole_steps));
+  const std::string split_dir = make_temp_dir("loop_split_" + name);
+  fit_on_two_ranks(kSgd, split_dir, 1, 8, nullptr, tweaks(&first_steps));
+  const auto continued = fit_on_two_ranks(kSgd, split_dir, 50, 0, nullptr, tweaks(&continued_steps));
+  expect_identical(whole[0], continued[0], "rank 0: uninterrupted against continued");
+  ASSERT_EQ(whole_steps.size(), 18u);
+  ASSERT_EQ(continued_steps.size(), 10u);
+  for (size_t i = 0; i < continued_steps.size(); ++i) {
+    EXPECT_EQ(continued_steps[i].loss_scale, whole_steps[8 + i].loss_scale) << "step " << whole_steps[8 + i].step;
+    EXPECT_EQ(continued_steps[i].loss, whole_steps[8 + i].loss) << "step " << whole_steps[8 + i].step;
+  }
+  double largest_scale = 0;
+  for (const StepInfo& step : whole_steps) largest_scale = std::max(largest_scale, step.loss_scale);
+  if (amp::uses_loss_scaling(precision)) {
+    EXPECT_GT(largest_scale, 65536.0) << "the scale never grew, so the test cannot tell a restored scaler";
+  } else {
+    EXPECT_EQ(largest_scale, 1.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, LoopPrecisionResume,
+                         ::testing::Values(amp::Precision::kBf16Mixed, amp::Precision::kFloat16Mixed),
+                         [](const ::testing::TestParamInfo<amp::Precision>& info) {
+                           return info.param == amp::Precision::kBf16Mixed ? std::string("Bf16Mixed")
+                                                                            : std::string("Float16Mixed");
+                         });
+
+// The loss sees the model's output in the lower dtype, in training and in evaluation alike: autocast is on.
+TEST(Loop, Bf16MixedRunsTheForwardPassInBfloat16AndKeepsTheWeightsInFloat32) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(make_temp_dir("loop_bf16"));
+  options.epochs = 1;
+  options.precision = amp::Precision::kBf16Mixed;
+  std::vector<torch::ScalarType> output_dtypes;
+  options.loss = [&](const torch::Tensor& output, const torch::Tensor& target) {
+    output_dtypes.push_back(output.scalar_type());
+    return train::cross_entropy_loss(output, target);
+  };
+  Loop loop(options, nullptr);
+  const TrainResult result = loop.fit(net, sgd, separable_set(96, 7), separable_set(20, 8));
+  ASSERT_FALSE(output_dtypes.empty());
+  for (auto dtype : output_dtypes) EXPECT_EQ(dtype, torch::kBFloat16);
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(result.epochs.at(0).total, 20);
+}
+
+#if TORCH_VERSION_MAJOR < 2
+TEST(Loop, Float16MixedOnTheCpuOfLibTorch113IsRefusedInOneLine) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
+  LoopOptions options = quiet_options(make_temp_dir("loop_fp16_113"));
+  options.precision = amp::Precision::kFloat16Mixed;
+  Loop loop(options, nullptr);
+  try {
+    loop.fit(net, sgd, separable_set(96, 7), nullptr);
+    ADD_FAILURE() << "16-mixed trained on 1.13's CPU";
+  } catch (const UnsupportedError& error) {
+    EXPECT_NE(std::string(error.what()).find("bf16-mixed"), std::string::npos) << error.what();
+  }
+}
+#endif
 
 // One rank, so that the process's one random generator is this run's alone: dropout draws a mask every step,
 // and only a restored generator state gives the continued run the masks of the uninterrupted one. The user's

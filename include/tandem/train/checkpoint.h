@@ -8,14 +8,17 @@
 //   extra.<name>        the user's own tensors (ExtraState)
 //   __metadata__        format, optimizer (its C++ type), the archive's fingerprint, the LibTorch major version,
 //                       epoch, step, batches_done, the schedule, the data order (sampler_seed, world_size,
-//                       batch_size, shuffle, drop_last), the unfinished epoch's loss and time, extra.<key>
+//                       batch_size, shuffle, drop_last), the unfinished epoch's loss and time, the precision
+//                       and the loss scaler's state (grad_scaler.*, 16-mixed), extra.<key>
 // Written by rank 0 only, atomically (temp file, fsync, rename); where they live: train/run_directory.h.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
+#include "tandem/amp/grad_scaler.h"
 #include "tandem/train/rng_state.h"
 
 namespace tandem::train {
@@ -46,6 +49,9 @@ struct CheckpointState {
   double epoch_train_seconds = 0;
   // Every rank's random generators (undefined tensors when not saved).
   RngStates rng;
+  // The precision trained in (amp/precision.h's spelling) and, where it scales the loss, the scaler's state.
+  std::string precision = "32";
+  std::optional<amp::GradScalerState> grad_scaler;
 };
 
 // The user's own state, saved with each checkpoint and handed back on resume: tensors (saved from any device,

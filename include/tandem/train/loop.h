@@ -1,6 +1,6 @@
 #pragma once
 // The training loop, for a user's own model, loss, optimizer and data sets: what `tandem train` runs, and what
-// the seeds' train_one_epoch/evaluate do by hand, with DDP and the rest built in. On every rank:
+// the seeds' train_one_epoch/evaluate do by hand, with DDP, mixed precision and the rest built in. On every rank:
 //
 //   tandem::init_process_group();
 //   Net net;                                                  // any module; seed it the same on every rank
@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/amp/precision.h"
 #include "tandem/comm/communicator.h"
 #include "tandem/data/dataset.h"
 #include "tandem/nn/model_holder.h"
@@ -74,6 +76,11 @@ struct LoopOptions {
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
   int keep_checkpoints = 3;     // the newest this many stay in run_dir; 0: all
   int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never
+  // 32, bf16-mixed or 16-mixed (amp/precision.h): the forward pass and the loss run under autocast to the
+  // lower dtype, evaluation too; 16-mixed scales the loss with a GradScaler of these options, whose state
+  // goes into the checkpoints. fit() refuses a precision the device or LibTorch cannot run.
+  amp::Precision precision = amp::Precision::kFloat32;
+  amp::GradScalerOptions grad_scaler;
   bool progress = true;         // rank 0's progress bar / periodic lines
 };
 
@@ -83,6 +90,8 @@ struct StepInfo {
   int64_t step = 0;   // optimizer steps done since the start of the run, this one included
   double loss = 0;    // this step's loss, averaged over the ranks
   double lr = 0;      // the first param group's rate for this step
+  bool optimizer_stepped = true;  // false: 16-mixed's scaler skipped it (an inf or NaN gradient)
+  double loss_scale = 1;          // the scaler's scale for the next step; 1 without one
 };
 
 // Every callback is optional. Those that every rank runs must issue the same collectives on every rank. A throw

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "tandem/amp/precision.h"
 #include "tandem/comm/communicator.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/train/loop.h"
@@ -56,6 +57,7 @@ struct TrainOptions {
   // On a GPU, batches are prefetched into pinned memory and copied without blocking the host.
   torch::Device device = torch::kCPU;
   bool progress = true;                    // rank 0's progress bar / periodic lines
+  amp::Precision precision = amp::Precision::kFloat32;  // LoopOptions::precision
 };
 
 // Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same
