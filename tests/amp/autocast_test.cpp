@@ -6,9 +6,12 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <limits>
 #include <string>
 #include <thread>
 
+#include "support/gpu.h"
+#include "tandem/amp/grad_scaler.h"
 #include "tandem/amp/precision.h"
 #include "tandem/util/error.h"
 
@@ -93,6 +96,39 @@ TEST(Autocast, RequireAutocastAcceptsWhatRunsAndRefusesTheRestInOneLine) {
 #endif
   EXPECT_THROW(require_autocast(torch::Device("meta"), torch::kBFloat16), UnsupportedError);
   EXPECT_THROW(Autocast(torch::kCPU, torch::kFloat64), UnsupportedError);
+}
+
+// The CUDA path: float16 autocast, and the scaler's fused unscale kernel on GPU gradients.
+TEST(AutocastOnGpu, Float16ForwardAndAScaledStepThatSkipsAnInf) {
+  TANDEM_SKIP_WITHOUT_GPU();
+  const torch::Device gpu(torch::kCUDA, 0);
+  require_autocast(gpu, torch::kHalf);
+  torch::nn::Linear linear(4, 3);
+  linear->to(gpu);
+  torch::optim::SGD optimizer(linear->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  const torch::Tensor x = torch::randn({5, 4}, gpu);
+  torch::Tensor loss;
+  {
+    Autocast autocast(torch::kCUDA, torch::kHalf);
+    const torch::Tensor y = linear(x);
+    EXPECT_EQ(y.scalar_type(), torch::kHalf);
+    loss = y.to(torch::kFloat32).pow(2).mean();
+  }
+  scaler.scale(loss).backward();
+  EXPECT_EQ(linear->weight.grad().scalar_type(), torch::kFloat32);
+  const torch::Tensor before = linear->weight.detach().clone();
+  EXPECT_TRUE(scaler.step(optimizer));
+  scaler.update();
+  EXPECT_FALSE(torch::equal(before, linear->weight.detach()));
+
+  optimizer.zero_grad();
+  scaler.scale(linear(x).sum() * std::numeric_limits<float>::infinity()).backward();
+  const torch::Tensor kept = linear->weight.detach().clone();
+  EXPECT_FALSE(scaler.step(optimizer));
+  scaler.update();
+  EXPECT_TRUE(torch::equal(kept, linear->weight.detach()));
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
 }
 
 TEST(Precision, ParsesLightningsSpellingsAndRefusesOthers) {
