@@ -11,6 +11,10 @@
 // multiTenant; 2.x adds masterListenFd and useLibUV.
 // torch::data's interfaces (Sampler::reset and next, a data set's size) take and return `optional`:
 // c10::optional in 1.13 (a class of its own), std::optional in 2.x.
+// variable.h's impl::gradient_edge and impl::set_gradient_edge, Tensor::set_data, c10's DeviceGuardImplInterface
+// (getStream) and ATen/Config.h's AT_PARALLEL_OPENMP read the same in both.
+#include <ATen/Config.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -133,5 +137,32 @@ inline void drop_gradients(torch::optim::Optimizer& optimizer) {
     for (auto& param : group.params()) param.mutable_grad() = torch::Tensor();
   }
 }
+
+// Makes `stand_in` (a parameter of a model's copy) compute with `source`'s values and send the gradient it
+// receives to wherever `source`'s would go: `source`'s grad_fn, or for a leaf its AccumulateGrad node, which sums
+// what arrives from several stand-ins into source.grad(). `stand_in` shares `source`'s storage but keeps its own
+// version counter (set_data), so in-place changes to `source` while a backward is pending go unnoticed. With
+// `track_gradient` false `stand_in` becomes a constant. LibTorch's own torch::nn::parallel::replicate sets
+// gradient edges on replicas the same way, through a node of its own.
+inline void stand_in_for(const torch::Tensor& stand_in, const torch::Tensor& source, bool track_gradient) {
+  stand_in.set_data(source);
+  if (track_gradient && source.requires_grad()) {
+    torch::autograd::impl::set_gradient_edge(stand_in, torch::autograd::impl::gradient_edge(source));
+  } else {
+    torch::autograd::impl::set_gradient_edge(stand_in, torch::autograd::Edge());  // a leaf again
+    stand_in.requires_grad_(false);
+  }
+}
+
+// The calling thread's current stream on `device` (the CPU has one, a placeholder), so that work handed to another
+// thread can be queued on the same stream under a c10::StreamGuard.
+inline c10::Stream current_stream(const torch::Device& device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+// Whether at::set_num_threads on one thread leaves the intra-op thread counts of the threads already running alone.
+// ATen's OpenMP backend (Debian's 1.13 and PyPI's 2.x) keeps a count per thread; it also keeps a process-wide one
+// that threads starting later take, which the call overwrites. The native backend has one pool for all threads.
+inline constexpr bool kIntraOpThreadsPerThread = AT_PARALLEL_OPENMP;
 
 }  // namespace tandem::compat
