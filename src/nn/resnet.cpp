@@ -21,14 +21,11 @@ torch::Tensor run_norm(const torch::nn::Module& owner, const std::string& name, 
 
 }  // namespace
 
-DownsampleImpl::DownsampleImpl(int64_t in_channels, int64_t out_channels, int64_t stride)
-    : in_channels_(in_channels), out_channels_(out_channels), stride_(stride) {
-  reset();
-}
+DownsampleImpl::DownsampleImpl(const BlockShape& shape) : shape_(shape) { reset(); }
 
 void DownsampleImpl::reset() {
-  conv_ = register_module("0", conv(in_channels_, out_channels_, 1, stride_, 0));
-  register_module("1", tnn::BatchNorm2d(out_channels_));
+  conv_ = register_module("0", conv(shape_.in_channels, shape_.out_channels, 1, shape_.stride, 0));
+  register_module("1", tnn::BatchNorm2d(shape_.out_channels));
 }
 
 torch::Tensor DownsampleImpl::forward(const torch::Tensor& input) {
@@ -36,17 +33,18 @@ torch::Tensor DownsampleImpl::forward(const torch::Tensor& input) {
 }
 
 BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride)
-    : in_channels_(in_channels), out_channels_(out_channels), stride_(stride) {
+    : shape_{in_channels, out_channels, stride} {
   reset();
 }
 
 void BasicBlockImpl::reset() {
-  conv1_ = register_module("conv1", conv(in_channels_, out_channels_, 3, stride_, 1));
-  register_module("bn1", tnn::BatchNorm2d(out_channels_));
-  conv2_ = register_module("conv2", conv(out_channels_, out_channels_, 3, 1, 1));
-  register_module("bn2", tnn::BatchNorm2d(out_channels_));
-  if (stride_ != 1 || in_channels_ != out_channels_) {
-    downsample_ = register_module("downsample", Downsample(in_channels_, out_channels_, stride_));
+  const auto [in_channels, out_channels, stride] = shape_;
+  conv1_ = register_module("conv1", conv(in_channels, out_channels, 3, stride, 1));
+  register_module("bn1", tnn::BatchNorm2d(out_channels));
+  conv2_ = register_module("conv2", conv(out_channels, out_channels, 3, 1, 1));
+  register_module("bn2", tnn::BatchNorm2d(out_channels));
+  if (stride != 1 || in_channels != out_channels) {
+    downsample_ = register_module("downsample", Downsample(shape_));
   }
 }
 

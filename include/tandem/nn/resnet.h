@@ -27,16 +27,21 @@ struct ResNetOptions {
   bool zero_init_residual = false;
 };
 
+// What a BasicBlock, and its Downsample, are built from.
+struct BlockShape {
+  int64_t in_channels, out_channels, stride;
+};
+
 // The shortcut where the shape changes: a 1x1 convolution (child "0") and its norm layer (child "1"). Not
 // nn::Sequential, whose forward would keep calling the original BatchNorm after convert_sync_batchnorm.
 class DownsampleImpl : public torch::nn::Cloneable<DownsampleImpl> {
  public:
-  DownsampleImpl(int64_t in_channels, int64_t out_channels, int64_t stride);
+  explicit DownsampleImpl(const BlockShape& shape);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& input);
 
  private:
-  int64_t in_channels_, out_channels_, stride_;
+  BlockShape shape_;
   torch::nn::Conv2d conv_{nullptr};
 };
 TORCH_MODULE(Downsample);
@@ -49,7 +54,7 @@ class BasicBlockImpl : public torch::nn::Cloneable<BasicBlockImpl> {
   torch::Tensor forward(const torch::Tensor& input);
 
  private:
-  int64_t in_channels_, out_channels_, stride_;
+  BlockShape shape_;
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   Downsample downsample_{nullptr};  // null where the shape stays
 };
