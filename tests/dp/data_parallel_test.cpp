@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -236,6 +237,30 @@ TEST(DataParallelThreads, EachCpuReplicaGetsItsShareOfTheCallersThreads) {
     EXPECT_EQ(ProbeImpl::intra_op_threads.load(), 1);
   }
   at::set_num_threads(before);
+}
+
+size_t threads_of_this_process() {
+  size_t count = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+
+TEST(DataParallelThreads, DestructionJoinsEveryReplicaThread) {
+  // One intra-op thread, so that no OpenMP team (whose threads end on their own time) comes or goes.
+  const int before_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const size_t before = threads_of_this_process();
+  size_t during = 0;
+  {
+    DataParallel model(Probe{}, on_cpu(3));
+    model(torch::randn({6, 4})).sum().backward();
+    during = threads_of_this_process();
+  }
+  const size_t after = threads_of_this_process();
+  at::set_num_threads(before_threads);
+  std::printf("[dp threads] process threads: %zu before, %zu with 3 replicas, %zu after\n", before, during, after);
+  EXPECT_EQ(during, before + 3);
+  EXPECT_EQ(after, before);
 }
 
 TEST(DataParallel, TakesEveryModelKindHoldModelTakes) {

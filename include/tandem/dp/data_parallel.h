@@ -22,7 +22,8 @@
 // One forward at a time: forward() is not reentrant.
 //
 // tandem's ddp::DistributedDataParallel is the faster way to use several devices or cores (BENCHMARKS.md):
-// DataParallel copies parameters every step and runs the whole backward from one thread.
+// DataParallel re-binds (across devices: copies) the parameters every step and runs the whole backward from one
+// thread.
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
