@@ -149,6 +149,7 @@ struct TrainFlags {
   std::string json_path;
   // Internal: set when this process is one of the workers the driver started.
   std::string worker_mode;
+  int replicas = 1;  // of a data-parallel worker
   std::string result_path;
 };
 
@@ -167,7 +168,7 @@ nlohmann::json to_json(const bench::TrainBenchResult& result) {
 }
 
 int run_train_worker(TrainFlags flags) {
-  torch::set_num_threads(flags.threads);
+  int threads = flags.threads;
   comm::CommunicatorPtr communicator;
   if (flags.worker_mode == "ddp") {
     InitOptions init;
@@ -177,12 +178,22 @@ int run_train_worker(TrainFlags flags) {
     flags.options.device = group.device();
     communicator = group.communicator_ptr();
     if (communicator->world_size() < 2) communicator = nullptr;
+  } else if (flags.worker_mode == "data-parallel") {
+    // Replica k where rank k of the DDP job would be; the process gets the threads of all N ranks, so each
+    // replica's thread has one rank's (DataParallel shares them out) and the backward has all of them.
+    for (int k = 0; k < flags.replicas; ++k) {
+      flags.options.data_parallel_devices.push_back(select_device(flags.device, k));
+    }
+    flags.options.device = flags.options.data_parallel_devices.front();
+    make_current(flags.options.device);
+    threads *= flags.replicas;
   } else {
     // Independent workers are started with LOCAL_RANK set, so that each takes the GPU a rank would.
     const char* local_rank = std::getenv("LOCAL_RANK");
     flags.options.device = select_device(flags.device, local_rank ? std::atoi(local_rank) : 0);
     make_current(flags.options.device);
   }
+  torch::set_num_threads(threads);
   bench::TrainBenchResult result = bench::run_train_bench(flags.options, communicator);
   if (is_main_process()) std::ofstream(flags.result_path) << to_json(result).dump() << "\n";
   if (is_initialized()) destroy_process_group();
@@ -215,12 +226,13 @@ std::string worker_args(const TrainFlags& flags) {
                      o.ddp.first_bucket_cap_mb, shared_ddp_args(o.ddp));
 }
 
-// One framework at one world size: per round, the DDP job and the independent processes that it is
-// compared with, run back to back so that both see the machine in the same state.
+// One framework and wrapper at one world size: per round, the measured job and the independent processes that
+// it is compared with, run back to back so that both see the machine in the same state.
 struct TrainRow {
   std::string framework;
+  std::string wrapper;  // DDP: a job of N processes; DP: DataParallel, one process with N replicas
   int world_size = 1;
-  std::vector<nlohmann::json> ddp;          // the job with communication, one result per round
+  std::vector<nlohmann::json> job;          // the measured job, one result per round
   std::vector<nlohmann::json> independent;  // N processes alone, the slowest one, one per round
 };
 
@@ -299,8 +311,9 @@ int run_train_driver(TrainFlags flags) {
              ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
              compare ? ", vs PyTorch DDP" : "");
 
-  // One round of tandem at world size n: the independent processes, then the DDP job.
-  auto tandem_round = [&](int n, TrainRow& row) {
+  // One round of tandem at world size n: the independent processes, then the DDP job and the DataParallel
+  // process, which are both compared with the same independent processes.
+  auto tandem_round = [&](int n, TrainRow& row, TrainRow& data_parallel) {
     // N processes with no communication, started together so they share the cores as the job does.
     std::string together;
     for (int i = 0; i < n; ++i) {
@@ -315,7 +328,7 @@ int run_train_driver(TrainFlags flags) {
     }
     row.independent.push_back(slowest);
     if (n == 1) {
-      row.ddp.push_back(slowest);
+      row.job.push_back(slowest);
       return;
     }
     std::string result = shell_quoted((dir / fmt::format("ddp_{}.json", n)).string());
@@ -326,7 +339,14 @@ int run_train_driver(TrainFlags flags) {
             : fmt::format("{}{} run --nproc-per-node {} -- {} {} --worker ddp --result {}", env, self, n, self,
                           worker_args(flags), result);
     run_or_throw(command, fmt::format("the {}-rank DDP job", n));
-    row.ddp.push_back(read_json((dir / fmt::format("ddp_{}.json", n)).string()));
+    row.job.push_back(read_json((dir / fmt::format("ddp_{}.json", n)).string()));
+
+    result = (dir / fmt::format("dp_{}.json", n)).string();
+    run_or_throw(fmt::format("{}{} {} --worker data-parallel --replicas {} --result {}", env, self, worker_args(flags),
+                             n, shell_quoted(result)),
+                 fmt::format("the DataParallel process with {} replicas", n));
+    data_parallel.job.push_back(read_json(result));
+    data_parallel.independent.push_back(slowest);
   };
   auto pytorch_round = [&](int n, TrainRow& row) {
     const auto& o = flags.options;
@@ -338,33 +358,38 @@ int run_train_driver(TrainFlags flags) {
                                flags.device, pytorch_backend, o.batch_size, flags.threads, o.steps, o.repeats,
                                o.warmup, shared_ddp_args(o.ddp), shell_quoted(out)),
                    "the PyTorch DDP script");
-      (std::string(mode) == "ddp" ? row.ddp : row.independent).push_back(read_json(out));
+      (std::string(mode) == "ddp" ? row.job : row.independent).push_back(read_json(out));
     }
   };
 
-  std::vector<TrainRow> rows;
+  // Tandem's and PyTorch's DDP rows alternate (the comparison below pairs them); the DataParallel rows follow.
+  std::vector<TrainRow> rows, data_parallel_rows;
   for (int n : world_sizes) {
-    TrainRow row{"tandem", n, {}, {}}, py{"pytorch", n, {}, {}};
+    TrainRow row{"tandem", n > 1 ? "DDP" : "-", n, {}, {}}, py{"pytorch", "DDP", n, {}, {}};
+    TrainRow dp{"tandem", "DP", n, {}, {}};
     for (int round = 0; round < flags.rounds; ++round) {
-      tandem_round(n, row);
+      tandem_round(n, row, dp);
       if (compare) pytorch_round(n, py);
     }
     rows.push_back(std::move(row));
     if (compare) rows.push_back(std::move(py));
+    if (n > 1) data_parallel_rows.push_back(std::move(dp));
   }
   std::filesystem::remove_all(dir);
+  std::vector<TrainRow> table = rows;
+  table.insert(table.end(), data_parallel_rows.begin(), data_parallel_rows.end());
 
-  fmt::print("{:>9} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8}\n", "framework", "backend", "N", "samples/s",
-             "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden");
+  fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8}\n", "framework", "wrapper", "backend",
+             "N", "samples/s", "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden");
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& row : rows) {
-    const double ms = median_over_rounds(row.ddp, "ms_per_step_median");
+  for (const auto& row : table) {
+    const double ms = median_over_rounds(row.job, "ms_per_step_median");
     const double independent_ms = median_over_rounds(row.independent, "ms_per_step_median");
     const double samples = row.world_size * flags.options.batch_size * 1000.0 / ms;
-    const double efficiency = paired_ratio(row.independent, row.ddp, "ms_per_step_median");
-    const double allreduce_ms = median_over_rounds(row.ddp, "allreduce_ms");
-    double fastest = row.ddp.front()["ms_per_step_min"], slowest = row.ddp.front()["ms_per_step_max"];
-    for (const auto& round : row.ddp) {
+    const double efficiency = paired_ratio(row.independent, row.job, "ms_per_step_median");
+    const double allreduce_ms = median_over_rounds(row.job, "allreduce_ms");
+    double fastest = row.job.front()["ms_per_step_min"], slowest = row.job.front()["ms_per_step_max"];
+    for (const auto& round : row.job) {
       fastest = std::min(fastest, round["ms_per_step_min"].get<double>());
       slowest = std::max(slowest, round["ms_per_step_max"].get<double>());
     }
@@ -372,19 +397,20 @@ int run_train_driver(TrainFlags flags) {
     if (row.world_size > 1 && allreduce_ms > 0) {
       hidden = fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
     }
-    std::string backend = row.framework == "pytorch" ? pytorch_backend : flags.backend;
-    fmt::print("{:>9} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework, backend,
-               row.world_size, samples, ms, fmt::format("{:.2f}..{:.2f}", fastest, slowest), independent_ms,
-               efficiency, hidden);
-    out.push_back({{"framework", row.framework}, {"backend", backend}, {"world_size", row.world_size},
-                   {"samples_per_s", samples}, {"ms_per_step_median", ms}, {"independent_ms_per_step", independent_ms},
-                   {"scaling_efficiency", efficiency}, {"hidden", hidden}, {"ddp_rounds", row.ddp},
-                   {"independent_rounds", row.independent}});
+    // DataParallel communicates through memory, not a backend.
+    std::string backend = row.wrapper == "DP" ? "-" : row.framework == "pytorch" ? pytorch_backend : flags.backend;
+    fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework,
+               row.wrapper, backend, row.world_size, samples, ms, fmt::format("{:.2f}..{:.2f}", fastest, slowest),
+               independent_ms, efficiency, hidden);
+    out.push_back({{"framework", row.framework}, {"wrapper", row.wrapper}, {"backend", backend},
+                   {"world_size", row.world_size}, {"samples_per_s", samples}, {"ms_per_step_median", ms},
+                   {"independent_ms_per_step", independent_ms}, {"scaling_efficiency", efficiency}, {"hidden", hidden},
+                   {"rounds", row.job}, {"independent_rounds", row.independent}});
   }
   if (compare) {
     for (size_t i = 0; i + 1 < rows.size(); i += 2) {
       fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size,
-                 paired_ratio(rows[i + 1].ddp, rows[i].ddp, "ms_per_step_median"));
+                 paired_ratio(rows[i + 1].job, rows[i].job, "ms_per_step_median"));
     }
   }
   if (!flags.json_path.empty()) {
@@ -424,7 +450,9 @@ const CommandRegistration kBench{
 
       auto train_flags = std::make_shared<TrainFlags>();
       CLI::App* train = command.add_subcommand(
-          "train", "Training steps per second for world sizes 1 and 2, scaling efficiency, overlap; vs PyTorch DDP");
+          "train",
+          "Training steps per second for world sizes 1 and 2 with DDP and DataParallel, scaling efficiency, overlap; "
+          "vs PyTorch DDP");
       train->add_option("--device", train_flags->device, "cpu, cuda or auto (cuda where a GPU is visible)")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -463,7 +491,10 @@ const CommandRegistration kBench{
       train->add_option("--pytorch-script", train_flags->pytorch_script, "The PyTorch side script")
           ->capture_default_str();
       train->add_option("--json", train_flags->json_path, "Also write the results as JSON to this file");
-      train->add_option("--worker", train_flags->worker_mode, "(internal) run as a worker: ddp or independent")
+      train->add_option("--worker", train_flags->worker_mode,
+                        "(internal) run as a worker: ddp, independent or data-parallel")
+          ->group("");
+      train->add_option("--replicas", train_flags->replicas, "(internal) replicas of a data-parallel worker")
           ->group("");
       train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
 

@@ -8,6 +8,7 @@
 
 #include "tandem/comm/value_collectives.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/util/compat.h"
@@ -38,6 +39,13 @@ double median_of(std::vector<double> values) {
 TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator) {
   const int world = communicator ? communicator->world_size() : 1;
   const int rank = communicator ? communicator->rank() : 0;
+  const auto& replica_devices = options.data_parallel_devices;
+  if (communicator && !replica_devices.empty()) {
+    throw InvalidArgument("the training benchmark runs DDP or DataParallel, not both at once");
+  }
+  // What one step takes: the batch of all DataParallel replicas, and the learning rate scaled alike.
+  const int64_t replicas = std::max<int64_t>(1, static_cast<int64_t>(replica_devices.size()));
+  const int64_t batch_size = options.batch_size * replicas;
   torch::manual_seed(static_cast<uint64_t>(options.seed));
   // The seeds' CNN reads grayscale images; every other registered model is an RGB network.
   nn::ModelOptions shape;
@@ -45,26 +53,33 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   shape.image_size = options.image_size;
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   (*model).to(options.device);
-  std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> wrapped;
-  if (communicator) wrapped.emplace(model, communicator, options.ddp);
-  torch::optim::SGD optimizer((*model).parameters(),
-                              torch::optim::SGDOptions(options.lr * world).momentum(0.9).weight_decay(0.005));
+  std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> distributed;
+  if (communicator) distributed.emplace(model, communicator, options.ddp);
+  std::optional<dp::DataParallel> data_parallel;
+  if (!replica_devices.empty()) data_parallel.emplace(model, dp::DataParallelOptions{replica_devices, {}});
+  auto forward = [&](const torch::Tensor& x) {
+    if (distributed) return (*distributed)(x);
+    if (data_parallel) return (*data_parallel)(x);
+    return model->forward(x);
+  };
+  torch::optim::SGD optimizer(
+      (*model).parameters(),
+      torch::optim::SGDOptions(options.lr * static_cast<double>(world * replicas)).momentum(0.9).weight_decay(0.005));
 
   // Each rank its own samples, as a sampler would give it.
   torch::manual_seed(static_cast<uint64_t>(options.seed) + 1 + static_cast<uint64_t>(rank));
   const int64_t batches = 16;
   torch::Tensor images =
-      torch::randn({batches * options.batch_size, shape.in_channels, options.image_size, options.image_size})
+      torch::randn({batches * batch_size, shape.in_channels, options.image_size, options.image_size})
           .to(options.device);
-  torch::Tensor labels = torch::randint(0, 10, {batches * options.batch_size}, torch::kLong).to(options.device);
+  torch::Tensor labels = torch::randint(0, 10, {batches * batch_size}, torch::kLong).to(options.device);
 
   auto step = [&](int i) {
-    int64_t start = (i % batches) * options.batch_size;
-    torch::Tensor x = images.narrow(0, start, options.batch_size);
-    torch::Tensor y = labels.narrow(0, start, options.batch_size);
+    int64_t start = (i % batches) * batch_size;
+    torch::Tensor x = images.narrow(0, start, batch_size);
+    torch::Tensor y = labels.narrow(0, start, batch_size);
     compat::drop_gradients(optimizer);  // as the PyTorch side's zero_grad(set_to_none=True)
-    torch::Tensor logits = wrapped ? (*wrapped)(x) : model->forward(x);
-    torch::nn::functional::cross_entropy(logits, y).backward();
+    torch::nn::functional::cross_entropy(forward(x), y).backward();
     optimizer.step();
   };
 

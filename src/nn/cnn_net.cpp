@@ -23,19 +23,23 @@ int64_t CnnNetImpl::feature_side(int64_t image_size) {
 }
 
 CnnNetImpl::CnnNetImpl(const CnnNetOptions& options) : options_(options) {
-  const int64_t side = feature_side(options.image_size);
-  if (side < 1) {
+  if (feature_side(options.image_size) < 1) {
     throw InvalidArgument(detail::concat("CnnNet needs images of at least 10x10 pixels, got ", options.image_size));
   }
+  reset();
+}
+
+void CnnNetImpl::reset() {
+  const int64_t side = feature_side(options_.image_size);
   // Registration order is the state dict order of the seed's module.
-  conv1_ = register_module("conv1", torch::nn::Conv2d(conv5x5(options.in_channels, options.conv1_channels)));
+  conv1_ = register_module("conv1", torch::nn::Conv2d(conv5x5(options_.in_channels, options_.conv1_channels)));
   pool1_ = register_module("pool1", torch::nn::MaxPool2d(pool2x2()));
-  conv2_ = register_module("conv2", torch::nn::Conv2d(conv5x5(options.conv1_channels, options.conv2_channels)));
+  conv2_ = register_module("conv2", torch::nn::Conv2d(conv5x5(options_.conv1_channels, options_.conv2_channels)));
   pool2_ = register_module("pool2", torch::nn::MaxPool2d(pool2x2()));
-  conv3_ = register_module("conv3", torch::nn::Conv2d(conv5x5(options.conv2_channels, options.conv3_channels)));
-  fc1_ = register_module("fc1", torch::nn::Linear(side * side * options.conv3_channels, options.fc1_features));
-  fc2_ = register_module("fc2", torch::nn::Linear(options.fc1_features, options.fc2_features));
-  output_ = register_module("output", torch::nn::Linear(options.fc2_features, options.num_classes));
+  conv3_ = register_module("conv3", torch::nn::Conv2d(conv5x5(options_.conv2_channels, options_.conv3_channels)));
+  fc1_ = register_module("fc1", torch::nn::Linear(side * side * options_.conv3_channels, options_.fc1_features));
+  fc2_ = register_module("fc2", torch::nn::Linear(options_.fc1_features, options_.fc2_features));
+  output_ = register_module("output", torch::nn::Linear(options_.fc2_features, options_.num_classes));
 }
 
 torch::Tensor CnnNetImpl::forward(torch::Tensor x) {

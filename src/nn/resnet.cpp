@@ -21,26 +21,37 @@ torch::Tensor run_norm(const torch::nn::Module& owner, const std::string& name, 
 
 }  // namespace
 
-BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride) {
+DownsampleImpl::DownsampleImpl(const BlockShape& shape) : shape_(shape) { reset(); }
+
+void DownsampleImpl::reset() {
+  conv_ = register_module("0", conv(shape_.in_channels, shape_.out_channels, 1, shape_.stride, 0));
+  register_module("1", tnn::BatchNorm2d(shape_.out_channels));
+}
+
+torch::Tensor DownsampleImpl::forward(const torch::Tensor& input) {
+  return run_norm(*this, "1", conv_->forward(input));
+}
+
+BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride)
+    : shape_{in_channels, out_channels, stride} {
+  reset();
+}
+
+void BasicBlockImpl::reset() {
+  const auto [in_channels, out_channels, stride] = shape_;
   conv1_ = register_module("conv1", conv(in_channels, out_channels, 3, stride, 1));
   register_module("bn1", tnn::BatchNorm2d(out_channels));
   conv2_ = register_module("conv2", conv(out_channels, out_channels, 3, 1, 1));
   register_module("bn2", tnn::BatchNorm2d(out_channels));
   if (stride != 1 || in_channels != out_channels) {
-    // A plain module with children "0" and "1" rather than nn::Sequential, whose forward would keep calling
-    // the original BatchNorm after convert_sync_batchnorm.
-    downsample_ = std::make_shared<torch::nn::Module>();
-    downsample_conv_ = downsample_->register_module("0", conv(in_channels, out_channels, 1, stride, 0));
-    downsample_->register_module("1", tnn::BatchNorm2d(out_channels));
-    register_module("downsample", downsample_);
+    downsample_ = register_module("downsample", Downsample(shape_));
   }
 }
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& input) {
   torch::Tensor out = torch::relu(run_norm(*this, "bn1", conv1_->forward(input)));
   out = run_norm(*this, "bn2", conv2_->forward(out));
-  torch::Tensor identity = downsample_ ? run_norm(*downsample_, "1", downsample_conv_->forward(input)) : input;
-  return torch::relu(out + identity);
+  return torch::relu(out + (downsample_ ? downsample_->forward(input) : input));
 }
 
 ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
@@ -49,21 +60,7 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
                                          options.blocks_per_stage.size(), " stages and ", options.num_classes,
                                          " classes"));
   }
-  conv1_ = register_module("conv1", conv(3, 64, 7, 2, 3));
-  register_module("bn1", tnn::BatchNorm2d(64));
-  maxpool_ = register_module("maxpool", tnn::MaxPool2d(tnn::MaxPool2dOptions(3).stride(2).padding(1)));
-  int64_t in_channels = 64;
-  for (size_t stage = 0; stage < 4; ++stage) {
-    const int64_t out_channels = 64 << stage;
-    tnn::Sequential blocks;
-    for (int64_t b = 0; b < options.blocks_per_stage[stage]; ++b) {
-      const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
-      blocks->push_back(BasicBlock(in_channels, out_channels, stride));
-      in_channels = out_channels;
-    }
-    stages_.push_back(register_module("layer" + std::to_string(stage + 1), blocks));
-  }
-  fc_ = register_module("fc", tnn::Linear(512, options.num_classes));
+  reset();
 
   // torchvision's initialisation: He-normal (fan_out) convolutions, BatchNorm at weight 1 and bias 0 (their
   // default), Linear left at its default.
@@ -73,13 +70,32 @@ ResNetImpl::ResNetImpl(const ResNetOptions& options) : options_(options) {
       tnn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
     }
   }
-  if (options.zero_init_residual) {
+  if (options_.zero_init_residual) {
     for (auto& stage : stages_) {
       for (auto& block : stage->children()) {
         block->named_parameters(/*recurse=*/true)["bn2.weight"].zero_();
       }
     }
   }
+}
+
+void ResNetImpl::reset() {
+  stages_.clear();
+  conv1_ = register_module("conv1", conv(3, 64, 7, 2, 3));
+  register_module("bn1", tnn::BatchNorm2d(64));
+  maxpool_ = register_module("maxpool", tnn::MaxPool2d(tnn::MaxPool2dOptions(3).stride(2).padding(1)));
+  int64_t in_channels = 64;
+  for (size_t stage = 0; stage < 4; ++stage) {
+    const int64_t out_channels = 64 << stage;
+    tnn::Sequential blocks;
+    for (int64_t b = 0; b < options_.blocks_per_stage[stage]; ++b) {
+      const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+      blocks->push_back(BasicBlock(in_channels, out_channels, stride));
+      in_channels = out_channels;
+    }
+    stages_.push_back(register_module("layer" + std::to_string(stage + 1), blocks));
+  }
+  fc_ = register_module("fc", tnn::Linear(512, options_.num_classes));
 }
 
 torch::Tensor ResNetImpl::forward(const torch::Tensor& input) {

@@ -117,8 +117,31 @@ TEST(BenchProgram, TrainRecordsItsDdpOptionsAndEveryRound) {
   EXPECT_EQ(json["rounds"], 2);
   ASSERT_EQ(json["rows"].size(), 1u);
   EXPECT_GT(json["rows"][0]["samples_per_s"].get<double>(), 0.0);
-  EXPECT_EQ(json["rows"][0]["ddp_rounds"].size(), 2u);
+  EXPECT_EQ(json["rows"][0]["rounds"].size(), 2u);
   EXPECT_EQ(json["rows"][0]["independent_rounds"].size(), 2u);
+}
+
+// At N=2 the table has a DataParallel row beside the DDP one: one process, two replicas, the same samples per step,
+// compared with the same independent processes.
+TEST(BenchProgram, TrainHasADataParallelRowBesideDdp) {
+  std::string json_path = ::testing::TempDir() + "tandem_bench_train_dp.json";
+  std::filesystem::remove(json_path);
+  testing::ProcessResult result = testing::run_process(
+      {testing::tandem_cli(), "bench", "train", "--world-sizes", "2", "--steps", "2", "--repeats", "1", "--warmup",
+       "1", "--batch-size", "8", "--json", json_path});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream file(json_path);
+  ASSERT_TRUE(file) << "no JSON written:\n" << result.output;
+  nlohmann::json rows = nlohmann::json::parse(file)["rows"];
+  ASSERT_EQ(rows.size(), 2u) << result.output;
+  EXPECT_EQ(rows[0]["wrapper"], "DDP");
+  EXPECT_EQ(rows[1]["wrapper"], "DP");
+  EXPECT_EQ(rows[1]["backend"], "-");
+  EXPECT_EQ(rows[1]["world_size"], 2);
+  EXPECT_GT(rows[1]["samples_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(rows[1]["independent_rounds"], rows[0]["independent_rounds"]);
+  EXPECT_NE(result.output.find("   tandem      DP       -   2"), std::string::npos) << result.output;
 }
 
 TEST(BenchProgram, TrainRefusesAFirstBucketCapThatPyTorchCannotMatch) {

@@ -80,6 +80,30 @@ TEST(ResNet, ForwardShapes) {
   EXPECT_THROW(nn::make_resnet("resnet50", 10), InvalidArgument);
 }
 
+// dp::DataParallel copies its model with clone(): the copy must hold every tensor under the same name with the
+// same value, in storage of its own, and compute what the model computes, downsample shortcuts included.
+TEST(ResNet, CloneIsAnEqualCopyWithStorageOfItsOwn) {
+  torch::NoGradGuard no_grad;
+  nn::ResNet model = nn::resnet18(10);
+  // Not the fresh running statistics (num_batches_tracked, an integer, stays 0).
+  for (auto& buffer : model->buffers()) {
+    if (buffer.is_floating_point()) buffer.uniform_(0.5, 1.5);
+  }
+  model->eval();
+  nn::ResNet copy(std::dynamic_pointer_cast<nn::ResNetImpl>(model->clone()));
+  EXPECT_EQ(model_entries(*copy), model_entries(*model));
+  auto copied = copy->named_parameters();
+  for (const auto& buffer : copy->named_buffers()) copied.insert(buffer.key(), buffer.value());
+  auto originals = model->named_parameters();
+  for (const auto& buffer : model->named_buffers()) originals.insert(buffer.key(), buffer.value());
+  for (const auto& original : originals) {
+    EXPECT_TRUE(copied[original.key()].equal(original.value())) << original.key();
+    EXPECT_NE(copied[original.key()].data_ptr(), original.value().data_ptr()) << original.key();
+  }
+  const Tensor x = torch::randn({2, 3, 32, 32});
+  EXPECT_TRUE(copy(x).equal(model(x)));
+}
+
 void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;
   auto params = to.named_parameters(), buffers = to.named_buffers();

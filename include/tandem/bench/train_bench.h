@@ -1,7 +1,8 @@
 #pragma once
 // The training-step measurement behind `tandem bench train`: the seeds' CNN, SGD with momentum, a fixed batch
-// per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP job, or alone
-// with no communication at all (the baseline that scaling efficiency is measured against).
+// per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP job, alone with no
+// communication at all (the baseline that scaling efficiency is measured against), or as DataParallel over
+// N replicas, with the batch of the N ranks of the DDP job it is compared with.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ struct TrainBenchOptions {
   uint64_t seed = 0;
   torch::Device device = torch::kCPU;  // model and data live here; a GPU is synchronised before each reading
   ddp::DdpOptions ddp;  // bucket sizes and gradient_as_bucket_view, as the command line sets them
+  // Non-empty: one process trains with dp::DataParallel, a replica on each of these devices (the first must be
+  // `device`), batch_size samples each; with no communicator only.
+  std::vector<torch::Device> data_parallel_devices;
 };
 
 struct TrainBenchResult {
@@ -38,7 +42,7 @@ struct TrainBenchResult {
 };
 
 // With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel and the call is
-// collective; with null it trains alone. The data are random images shaped like Fashion-MNIST made before
+// collective; with null it trains alone, or in DataParallel (options.data_parallel_devices). The data are random images shaped like Fashion-MNIST made before
 // timing, so the figure measures training steps, not loading.
 TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator);
 

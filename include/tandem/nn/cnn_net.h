@@ -4,7 +4,7 @@
 // softmax twice, which flattens the gradients; take softmax yourself if you need probabilities.
 // Submodule names match the seed's PyTorch module (conv1, conv2, conv3, fc1, fc2, output), so the state dict
 // names (`conv1.weight`, ..., `output.bias`) move between tandem and PyTorch unchanged.
-#include <torch/nn/module.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
@@ -24,9 +24,13 @@ struct CnnNetOptions {
   int64_t image_size = 28;
 };
 
-class CnnNetImpl : public torch::nn::Module {
+// Cloneable, so that dp::DataParallel can copy it onto its replicas.
+class CnnNetImpl : public torch::nn::Cloneable<CnnNetImpl> {
  public:
   explicit CnnNetImpl(const CnnNetOptions& options = {});
+
+  // Builds the layers anew from the options (Cloneable's contract: clone() calls it on a copy).
+  void reset() override;
 
   // x: [N, in_channels, image_size, image_size] -> logits [N, num_classes].
   torch::Tensor forward(torch::Tensor x);

@@ -7,6 +7,10 @@
 //
 // Norm layers are BatchNorm2d, looked up by name at each forward (forward_batch_norm), so
 // convert_sync_batchnorm(model) turns them into SyncBatchNorm in place.
+//
+// Every module here is a torch::nn::Cloneable, so that dp::DataParallel can copy a ResNet onto its replicas.
+// Cloneable's contract shapes them: each builds its layers in reset(), and keeps handles only to its own
+// children, since clone() copies a child's tree into the child in place but replaces the grandchildren.
 #include <torch/torch.h>
 
 #include <memory>
@@ -23,23 +27,43 @@ struct ResNetOptions {
   bool zero_init_residual = false;
 };
 
-// conv3x3-bn-relu-conv3x3-bn plus the shortcut (a 1x1 conv + bn "downsample" where shape changes), then relu.
-class BasicBlockImpl : public torch::nn::Module {
+// What a BasicBlock, and its Downsample, are built from.
+struct BlockShape {
+  int64_t in_channels, out_channels, stride;
+};
+
+// The shortcut where the shape changes: a 1x1 convolution (child "0") and its norm layer (child "1"). Not
+// nn::Sequential, whose forward would keep calling the original BatchNorm after convert_sync_batchnorm.
+class DownsampleImpl : public torch::nn::Cloneable<DownsampleImpl> {
  public:
-  BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride);
+  explicit DownsampleImpl(const BlockShape& shape);
+  void reset() override;
   torch::Tensor forward(const torch::Tensor& input);
 
  private:
+  BlockShape shape_;
+  torch::nn::Conv2d conv_{nullptr};
+};
+TORCH_MODULE(Downsample);
+
+// conv3x3-bn-relu-conv3x3-bn plus the shortcut (the input, or its Downsample), then relu.
+class BasicBlockImpl : public torch::nn::Cloneable<BasicBlockImpl> {
+ public:
+  BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_t stride);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& input);
+
+ private:
+  BlockShape shape_;
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
-  // The downsample's 1x1 conv; its norm layer is child "1" of the "downsample" module.
-  std::shared_ptr<torch::nn::Module> downsample_;
-  torch::nn::Conv2d downsample_conv_{nullptr};
+  Downsample downsample_{nullptr};  // null where the shape stays
 };
 TORCH_MODULE(BasicBlock);
 
-class ResNetImpl : public torch::nn::Module {
+class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
  public:
   explicit ResNetImpl(const ResNetOptions& options);
+  void reset() override;
   // Input [N, 3, H, W] (any H, W >= 32 or so); output logits [N, num_classes].
   torch::Tensor forward(const torch::Tensor& input);
 

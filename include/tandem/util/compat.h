@@ -14,7 +14,11 @@
 // ATen/autocast_mode.h: 1.13 has one call pair per device (set_cpu_enabled, set_autocast_cpu_dtype; set_enabled
 // and set_autocast_gpu_dtype for CUDA); 2.4 takes the device type as an argument and deprecates the old pairs.
 // CPU autocast in 1.13 knows only bfloat16 (its Python torch.autocast refuses float16 on CPU); 2.x does both.
+// variable.h's impl::gradient_edge and impl::set_gradient_edge, Tensor::set_data, c10's DeviceGuardImplInterface
+// (getStream) and ATen/Config.h's AT_PARALLEL_OPENMP read the same in both.
+#include <ATen/Config.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -198,5 +202,32 @@ inline void unscale_and_check_finite(const std::vector<torch::Tensor>& grads, to
 #endif
   at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
 }
+
+// Makes `stand_in` (a parameter of a model's copy) compute with `source`'s values and send the gradient it
+// receives to wherever `source`'s would go: `source`'s grad_fn, or for a leaf its AccumulateGrad node, which sums
+// what arrives from several stand-ins into source.grad(). `stand_in` shares `source`'s storage but keeps its own
+// version counter (set_data), so in-place changes to `source` while a backward is pending go unnoticed. With
+// `track_gradient` false `stand_in` becomes a constant. LibTorch's own torch::nn::parallel::replicate sets
+// gradient edges on replicas the same way, through a node of its own.
+inline void stand_in_for(const torch::Tensor& stand_in, const torch::Tensor& source, bool track_gradient) {
+  stand_in.set_data(source);
+  if (track_gradient && source.requires_grad()) {
+    torch::autograd::impl::set_gradient_edge(stand_in, torch::autograd::impl::gradient_edge(source));
+  } else {
+    torch::autograd::impl::set_gradient_edge(stand_in, torch::autograd::Edge());  // a leaf again
+    stand_in.requires_grad_(false);
+  }
+}
+
+// The calling thread's current stream on `device` (the CPU has one, a placeholder), so that work handed to another
+// thread can be queued on the same stream under a c10::StreamGuard.
+inline c10::Stream current_stream(const torch::Device& device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+// Whether at::set_num_threads on one thread leaves the intra-op thread counts of the threads already running alone.
+// ATen's OpenMP backend (Debian's 1.13 and PyPI's 2.x) keeps a count per thread; it also keeps a process-wide one
+// that threads starting later take, which the call overwrites. The native backend has one pool for all threads.
+inline constexpr bool kIntraOpThreadsPerThread = AT_PARALLEL_OPENMP;
 
 }  // namespace tandem::compat
