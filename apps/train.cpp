@@ -22,6 +22,7 @@ struct TrainFlags {
   int threads = 0;
   std::string device = "auto";
   std::string precision = "32";
+  std::string strategy = "ddp";
   std::string backend;
   double timeout_seconds = 300;
   bool no_shuffle = false;
@@ -40,6 +41,7 @@ int run_train(TrainFlags& flags) {
   train::TrainOptions& options = flags.options;
   options.shuffle = !flags.no_shuffle;
   options.precision = amp::parse_precision(flags.precision);
+  options.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
   if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
 
   InitOptions init;
@@ -98,6 +100,8 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
+  command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run) or dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp"}));
+  command.add_option("--dp-replicas", o.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(at_least(1));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(between(0.001, 31536000));
   return [flags] { return run_train(*flags); };

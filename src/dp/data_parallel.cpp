@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/StreamGuard.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "tandem/amp/autocast.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 
@@ -140,6 +142,18 @@ std::string message_of(const std::exception_ptr& failure) {
 
 }  // namespace
 
+std::vector<torch::Device> replica_devices(const torch::Device& device, int count) {
+  if (count < 0) throw InvalidArgument(fmt::format("DataParallel: {} replicas", count));
+  if (!device.is_cuda()) return std::vector<torch::Device>(count > 0 ? count : std::max(1, at::get_num_threads()), device);
+  const int visible = static_cast<int>(torch::cuda::device_count());
+  if (count > visible) {
+    throw InvalidArgument(fmt::format("DataParallel: {} GPU replicas asked for, but {} GPUs are visible", count, visible));
+  }
+  std::vector<torch::Device> devices;
+  for (int i = 0; i < (count > 0 ? count : visible); ++i) devices.emplace_back(torch::kCUDA, i);
+  return devices;
+}
+
 DataParallel::DataParallel(nn::ModelHolder model, DataParallelOptions options)
     : model_(std::move(model)),
       devices_(checked_devices(options.devices)),
@@ -211,14 +225,17 @@ torch::Tensor DataParallel::forward(const torch::Tensor& input) {
 
   std::vector<torch::Tensor> outputs(used);
   const at::ThreadLocalState caller_state;
+  // 1.13's ThreadLocalState carries whether autocast is on but not its dtype.
+  const amp::AutocastSettings caller_autocast = amp::current_autocast();
   std::vector<std::future<void>> done;
   for (size_t k = 0; k < used; ++k) {
     nn::ModelHolder* replica = k == 0 ? &model_ : &copies_[k - 1].model;
     // The replica queues its kernels on the stream the caller's thread uses on that device, after the copy of
     // its chunk queued there above.
     const c10::Stream stream = compat::current_stream(devices_[k]);
-    done.push_back(threads_[k]->run([&caller_state, &chunks, &outputs, replica, stream, k] {
+    done.push_back(threads_[k]->run([&caller_state, &caller_autocast, &chunks, &outputs, replica, stream, k] {
       at::ThreadLocalStateGuard state(caller_state);
+      amp::AutocastSettingsScope autocast(caller_autocast);
       c10::StreamGuard on_stream(stream);
       outputs[k] = (*replica)->forward(chunks[k]);
     }));

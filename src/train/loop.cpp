@@ -18,6 +18,7 @@
 #include "tandem/data/data_agreement.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/evaluation.h"
 #include "tandem/train/lr_schedule.h"
@@ -118,7 +119,10 @@ class Run {
   CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
   std::optional<torch::ScalarType> autocast_dtype_;
   amp::GradScaler scaler_;        // disabled unless the precision scales the loss
-  std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;
+  torch::Tensor forward_for_training(const torch::Tensor& x);
+
+  std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
+  std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<ProgressReporter> progress_;
@@ -155,6 +159,11 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
   if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
   if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
+  if (options_.strategy == Strategy::kDataParallel && world_ > 1) {
+    throw InvalidArgument(fmt::format("strategy dp (DataParallel) trains in one process, but this is one of {}: "
+                                      "use ddp under tandem run, or start a single process",
+                                      world_));
+  }
 }
 
 std::string Run::prepare_run_dir() {
@@ -227,10 +236,15 @@ TrainResult Run::execute() {
   // Onto the rank's device before DDP forms its buckets next to the gradients. Module::to moves the parameters'
   // data in place, so the optimizer's references stay valid.
   module_.to(options_.device);
-  ddp::DdpOptions ddp_options;
-  ddp_options.check_replicas_every = options_.check_replicas_every;
-  ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_,
-                                                                               communicator_ptr_, ddp_options);
+  if (options_.strategy == Strategy::kDataParallel) {
+    dp_model_ = std::make_unique<dp::DataParallel>(model_, dp::DataParallelOptions{
+        options_.dp_devices.empty() ? dp::replica_devices(options_.device, 0) : options_.dp_devices, {}});
+  } else {
+    ddp::DdpOptions ddp_options;
+    ddp_options.check_replicas_every = options_.check_replicas_every;
+    ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
+                                                                                 ddp_options);
+  }
   if (!checkpoint.empty()) resume_from(checkpoint);
 
   const int64_t batches_per_epoch = make_loaders();
@@ -283,8 +297,14 @@ int64_t Run::make_loaders() {
   return batches_per_epoch;
 }
 
+torch::Tensor Run::forward_for_training(const torch::Tensor& x) {
+  if (!dp_model_) return ddp_model_->forward(x);
+  // DataParallel splits the rows; a batch of none (every image unreadable) goes through the model itself.
+  return x.size(0) > 0 ? dp_model_->forward(x) : model_.forward(x);
+}
+
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
-  ddp_model_->train();
+  module_.train();
   if (callbacks_.on_epoch_start) {
     comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] { callbacks_.on_epoch_start(epoch); });
   }
@@ -326,7 +346,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   set_lr(epoch);
   compat::drop_gradients(optimizer_);
   torch::Tensor loss = in_precision([&] {
-    torch::Tensor output = ddp_model_->forward(batch.data);
+    torch::Tensor output = forward_for_training(batch.data);
     // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
     // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
     return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
@@ -366,7 +386,7 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   m.step = step_;
   if (eval_loader_) {
     // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
-    ddp_model_->eval();
+    module_.eval();
     const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return in_precision([&] { return model_.forward(x); }); },
                                        *eval_loader_, epoch, communicator_);
     m.accuracy = counts.accuracy();

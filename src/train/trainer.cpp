@@ -8,6 +8,7 @@
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/crop_defaults.h"
 #include "tandem/data/data_folder.h"
+#include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/train/safetensors.h"
@@ -95,6 +96,8 @@ LoopOptions loop_options(const TrainOptions& o) {
   loop.check_replicas_every = o.check_replicas_every;
   loop.progress = o.progress;
   loop.precision = o.precision;
+  loop.strategy = o.strategy;
+  if (o.strategy == Strategy::kDataParallel) loop.dp_devices = dp::replica_devices(o.device, o.dp_replicas);
   return loop;
 }
 
@@ -108,6 +111,7 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("model", fmt::format("{}, {} classes{}", o.model, o.num_classes, o.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
   line("device", o.device.str());
+  line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", dp::replica_devices(o.device, o.dp_replicas).size()));
   line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
@@ -149,6 +153,10 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
   TrainOptions options = given;
   // Epochs and batch size are the loop's to check; the rate is ours, since the loop takes the optimizer's.
   if (options.lr <= 0) throw InvalidArgument("--lr must be positive");
+  if (options.sync_bn && options.strategy == Strategy::kDataParallel) {
+    throw InvalidArgument("--sync-bn needs --strategy ddp: DataParallel's replicas are threads of one process, "
+                          "with no process group to share statistics over");
+  }
 
   data::DataFolder data;
   comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options); });

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "support/gpu.h"
+#include "tandem/amp/autocast.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/cnn_net.h"
 #include "tandem/util/error.h"
@@ -219,6 +221,37 @@ TEST(DataParallelThreads, GradModeAndInferenceModeReachTheReplicas) {
   // Back in grad mode after inference mode: the copies are normal tensors again, and gradients reach the module.
   model(x).sum().backward();
   EXPECT_TRUE(probe->fc->weight.grad().defined());
+}
+
+// Autocast is per thread: the replicas must run under the caller's, dtype included. On 2.x the test uses float16,
+// which is not the CPU's default autocast dtype, so only a carried-over dtype gives it.
+TEST(DataParallelThreads, TheCallersAutocastAndItsDtypeReachTheReplicas) {
+#if TORCH_VERSION_MAJOR >= 2
+  const torch::ScalarType dtype = torch::kHalf;
+#else
+  const torch::ScalarType dtype = torch::kBFloat16;  // 1.13's CPU autocast has no other
+#endif
+  Probe probe;
+  DataParallel model(probe, on_cpu(3));
+  const torch::Tensor x = torch::randn({6, 4});
+  torch::Tensor output;
+  {
+    amp::Autocast autocast(torch::kCPU, dtype);
+    output = model(x);
+  }
+  // The join would have promoted one float32 replica's rows to float32.
+  EXPECT_EQ(output.scalar_type(), dtype);
+  EXPECT_EQ(model(x).scalar_type(), torch::kFloat32);
+  output.to(torch::kFloat32).sum().backward();
+  EXPECT_EQ(probe->fc->weight.grad().scalar_type(), torch::kFloat32);
+}
+
+TEST(DataParallel, ReplicaDevicesDefaultToTheThreadsOrTheVisibleGpus) {
+  EXPECT_EQ(dp::replica_devices(torch::kCPU, 3), std::vector<torch::Device>(3, torch::kCPU));
+  EXPECT_EQ(dp::replica_devices(torch::kCPU, 0).size(), static_cast<size_t>(std::max(1, at::get_num_threads())));
+  const int visible = static_cast<int>(torch::cuda::device_count());
+  EXPECT_EQ(dp::replica_devices(torch::Device(torch::kCUDA, 0), 0).size(), static_cast<size_t>(visible));
+  EXPECT_THROW(dp::replica_devices(torch::Device(torch::kCUDA, 0), visible + 1), InvalidArgument);
 }
 
 TEST(DataParallelThreads, EachCpuReplicaGetsItsShareOfTheCallersThreads) {

@@ -13,6 +13,8 @@
 #include <functional>
 #include <future>
 
+#include <torch/version.h>
+
 #include "support/gpu.h"
 #include "support/tiny_datasets.h"
 #include "support/processes.h"
@@ -410,6 +412,39 @@ TEST(TrainProcesses, BackendNcclWithoutAGpuIsOneLine) {
                           cuda_built() ? "backend nccl needs a CUDA GPU, and none is visible"
                                        : "backend 'nccl' is not available in this build of tandem");
 }
+
+TEST(TrainProcesses, StrategyDpTrainsTheSeedsCnnInOneProcessWithBf16Mixed) {
+  const std::string run_dir = make_temp_dir("train_dp");
+  const testing::ProcessResult result = testing::run_process(
+      {testing::tandem_cli(), "train", "--data", write_tiny_mnist("dp", 64, 16), "--epochs", "1", "--threads", "1",
+       "--strategy", "dp", "--dp-replicas", "3", "--precision", "bf16-mixed", "--run-dir", run_dir},
+      {}, std::chrono::seconds(90));
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("strategy:      dp, 3 replicas"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("precision:     bf16-mixed"), std::string::npos) << result.output;
+  EXPECT_EQ(read_lines(run_dir + "/metrics.jsonl").size(), 1u);
+}
+
+TEST(TrainProcesses, StrategyDpUnderSeveralRanksIsRefusedOnEveryRank) {
+  const auto results = run_train_ranks(2, {"--data", write_tiny_mnist("dp_ranks", 64, 16), "--epochs", "1",
+                                           "--threads", "1", "--strategy", "dp"});
+  for (const auto& result : results) {
+    ASSERT_FALSE(result.timed_out) << result.output;
+    EXPECT_NE(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find("strategy dp (DataParallel) trains in one process"), std::string::npos) << result.output;
+  }
+}
+
+TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {
+  expect_one_line_failure("dp_sync_bn", {"--strategy", "dp", "--sync-bn"}, "--sync-bn needs --strategy ddp");
+}
+
+#if TORCH_VERSION_MAJOR < 2
+TEST(TrainProcesses, Float16MixedOnLibTorch113sCpuIsOneLineNamingTheAlternative) {
+  expect_one_line_failure("fp16_113", {"--precision", "16-mixed"}, "use --precision bf16-mixed");
+}
+#endif
 
 }  // namespace
 }  // namespace tandem::train

@@ -44,6 +44,11 @@ struct DataParallelOptions {
   std::optional<torch::Device> output_device;
 };
 
+// `count` replicas for a model on `device`: cuda:0 .. cuda:count-1 on a GPU (count 0: every visible GPU), else
+// `count` replicas on `device` (0: one per intra-op thread of the calling thread). Throws InvalidArgument for
+// more GPUs than are visible.
+std::vector<torch::Device> replica_devices(const torch::Device& device, int count);
+
 class ReplicaThread;
 struct ReplicaCopy;
 

@@ -13,7 +13,8 @@
 //                                                             // adapts torch::data datasets)
 //
 // What fit() does, per epoch: the DistributedSampler's order for (seed, epoch), one optimizer step per batch on
-// DDP-averaged gradients (every rank starts from rank 0's weights), the learning rate from the cosine schedule
+// DDP-averaged gradients (every rank starts from rank 0's weights; or, with Strategy::kDataParallel, one process's
+// replicas in threads), the learning rate from the cosine schedule
 // (lr_schedule.h), then evaluation on the test set sharded across ranks, each test sample counted once. Rank 0
 // shows a progress bar, appends RUN_DIR/metrics.jsonl and writes a checkpoint (model, optimizer, schedule,
 // sampler position, every rank's RNG state, the callbacks' extra state); a run dir holding one is continued
@@ -50,6 +51,11 @@ using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, co
 // gradients).
 torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tensor& target);
 
+// How the model's work is spread. kDdp: one process per device or core group (tandem run), each a rank of
+// DistributedDataParallel. kDataParallel: one process, the model replicated over LoopOptions::dp_devices in
+// threads (dp/data_parallel.h); batch_size is then the whole step's batch, split among the replicas.
+enum class Strategy { kDdp, kDataParallel };
+
 struct LoopOptions {
   int epochs = 10;
   int64_t batch_size = 64;      // per rank
@@ -81,6 +87,10 @@ struct LoopOptions {
   // goes into the checkpoints. fit() refuses a precision the device or LibTorch cannot run.
   amp::Precision precision = amp::Precision::kFloat32;
   amp::GradScalerOptions grad_scaler;
+  Strategy strategy = Strategy::kDdp;
+  // kDataParallel's replicas, the first on `device`; empty: one per visible GPU where device is a GPU, else as
+  // many CPU replicas as this process has intra-op threads.
+  std::vector<torch::Device> dp_devices;
   bool progress = true;         // rank 0's progress bar / periodic lines
 };
 

@@ -58,6 +58,8 @@ struct TrainOptions {
   torch::Device device = torch::kCPU;
   bool progress = true;                    // rank 0's progress bar / periodic lines
   amp::Precision precision = amp::Precision::kFloat32;  // LoopOptions::precision
+  Strategy strategy = Strategy::kDdp;      // LoopOptions::strategy
+  int dp_replicas = 0;                     // Strategy::kDataParallel's replicas; 0: LoopOptions' default
 };
 
 // Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same
