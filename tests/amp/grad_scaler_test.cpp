@@ -7,12 +7,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "ddp/ddp_fixtures.h"
+#include "support/json_fixture.h"
 #include "support/thread_ranks.h"
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/util/error.h"
@@ -37,12 +37,6 @@ torch::Tensor vector_of(const nlohmann::json& values) {
   return torch::tensor(floats);
 }
 
-nlohmann::json load_fixture() {
-  std::ifstream file(std::string(TANDEM_FIXTURE_DIR) + "/grad_scaler_pytorch.json");
-  EXPECT_TRUE(file) << "missing tests/fixtures/grad_scaler_pytorch.json";
-  return nlohmann::json::parse(file);
-}
-
 GradScalerOptions options_of(const nlohmann::json& options) {
   GradScalerOptions o;
   o.init_scale = options.at("init_scale").get<double>();
@@ -63,7 +57,7 @@ bool scripted_step(GradScaler& scaler, torch::optim::Optimizer& optimizer, const
 }
 
 TEST(GradScaler, DecidesLikePyTorchStepForStep) {
-  const nlohmann::json fixture = load_fixture();
+  const nlohmann::json fixture = testing::load_json_fixture("grad_scaler_pytorch.json");
   ASSERT_EQ(fixture.at("configs").size(), 4u);
   for (const auto& config : fixture.at("configs")) {
     SCOPED_TRACE(config.at("name").get<std::string>());

@@ -5,23 +5,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <set>
 
+#include "support/json_fixture.h"
 #include "tandem/data/batch_sampler.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/util/error.h"
 
 namespace tandem::data {
 namespace {
-
-nlohmann::json load_fixture() {
-  const std::string path = std::string(TANDEM_FIXTURE_DIR) + "/sampler_pytorch.json";
-  std::ifstream file(path);
-  EXPECT_TRUE(file.good()) << "missing fixture " << path;
-  return nlohmann::json::parse(file);
-}
 
 DistributedSampler sampler_from(const nlohmann::json& c) {
   DistributedSamplerOptions options;
@@ -42,7 +35,7 @@ std::string describe(const nlohmann::json& c) {
 }
 
 TEST(DistributedSampler, MatchesPyTorchIndexForIndex) {
-  const nlohmann::json fixture = load_fixture();
+  const nlohmann::json fixture = testing::load_json_fixture("sampler_pytorch.json");
   const auto& cases = fixture.at("cases");
   ASSERT_GT(cases.size(), 600u);
   int64_t mismatches = 0;
@@ -61,7 +54,7 @@ TEST(DistributedSampler, MatchesPyTorchIndexForIndex) {
 }
 
 TEST(DistributedSampler, MatchesPyTorchOnDatasetSizedPermutations) {
-  const nlohmann::json fixture = load_fixture();
+  const nlohmann::json fixture = testing::load_json_fixture("sampler_pytorch.json");
   for (const auto& c : fixture.at("large")) {
     const std::vector<int64_t> indices = sampler_from(c).indices();
     ASSERT_EQ(static_cast<int64_t>(indices.size()), c.at("num_samples").get<int64_t>()) << describe(c);
@@ -74,7 +67,7 @@ TEST(DistributedSampler, MatchesPyTorchOnDatasetSizedPermutations) {
 }
 
 TEST(BatchSampler, MatchesPyTorchBatchSampler) {
-  const nlohmann::json fixture = load_fixture();
+  const nlohmann::json fixture = testing::load_json_fixture("sampler_pytorch.json");
   for (const auto& c : fixture.at("batches")) {
     BatchSampler batch_sampler(sampler_from(c), c.at("batch_size").get<int64_t>(),
                                c.at("drop_last_batches").get<bool>());
