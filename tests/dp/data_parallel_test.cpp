@@ -91,6 +91,10 @@ struct Split {
   int replicas;
   int64_t batch;
 };
+// For the test names CTest lists.
+void PrintTo(const Split& split, std::ostream* out) {
+  *out << split.replicas << " replicas, batch " << split.batch;
+}
 
 class DataParallelParity : public ::testing::TestWithParam<Split> {};
 
