@@ -262,5 +262,44 @@ TEST(GradScalerRanks, Fp16HookOverflowBacksOffOnEveryRankUntilTheGradientsFit) {
   EXPECT_EQ(testing::compare(finals[1], finals[0]).max_abs, 0.0);
 }
 
+// bfloat16 has float32's range: the same 2^40 scale that overflows the fp16 hook passes the bf16 hook, and every
+// rank steps every time, the replicas equal.
+TEST(GradScalerRanks, Bf16HookCarriesTheScaleThatOverflowsFloat16) {
+  testing::Scenario s;
+  s.options.comm_hook = ddp::make_bf16_compress_hook();
+  std::vector<std::vector<torch::Tensor>> finals(2);
+  std::vector<std::string> refusals(2);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    testing::Net net = testing::make_net(s, /*seed=*/7 + rank);
+    ddp::DistributedDataParallel<testing::Net> model(net, borrow(communicator), s.options);
+    auto optimizer = testing::make_sgd(model.parameters());
+    GradScalerOptions options;
+    options.init_scale = std::pow(2.0, 40);
+    GradScaler scaler(options, borrow(communicator));
+    for (int step = 0; step < 10 && refusals[rank].empty(); ++step) {
+      testing::Batch batch = testing::full_batch(s, step);
+      optimizer.zero_grad();
+      try {
+        scaler.scale(torch::mse_loss(model(batch.x.narrow(0, rank * s.batch_per_rank, s.batch_per_rank)),
+                                     batch.y.narrow(0, rank * s.batch_per_rank, s.batch_per_rank)))
+            .backward();
+      } catch (const UnsupportedError& error) {
+        refusals[rank] = error.what();
+        return;
+      }
+      EXPECT_TRUE(scaler.step(optimizer)) << "rank " << rank << " step " << step;
+      scaler.update();
+    }
+    EXPECT_EQ(scaler.get_scale(), std::pow(2.0, 40));
+    finals[rank] = testing::snapshot(*model.module());
+  });
+  // LibTorch 1.13's Gloo has no bfloat16 reduction, and says so on every rank.
+  if (!refusals[0].empty() || !refusals[1].empty()) {
+    for (const auto& refusal : refusals) EXPECT_NE(refusal.find("does not support BFloat16"), std::string::npos) << refusal;
+    GTEST_SKIP() << refusals[0];
+  }
+  EXPECT_EQ(testing::compare(finals[1], finals[0]).max_abs, 0.0);
+}
+
 }  // namespace
 }  // namespace tandem::amp
