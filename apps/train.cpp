@@ -42,6 +42,9 @@ int run_train(TrainFlags& flags) {
   options.shuffle = !flags.no_shuffle;
   options.precision = amp::parse_precision(flags.precision);
   options.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
+  if (options.dp_replicas > 0 && options.strategy != train::Strategy::kDataParallel) {
+    throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");
+  }
   if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
 
   InitOptions init;

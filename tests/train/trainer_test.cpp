@@ -440,6 +440,10 @@ TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {
   expect_one_line_failure("dp_sync_bn", {"--strategy", "dp", "--sync-bn"}, "--sync-bn needs --strategy ddp");
 }
 
+TEST(TrainProcesses, DpReplicasWithoutStrategyDpIsOneLine) {
+  expect_one_line_failure("dp_replicas_ddp", {"--dp-replicas", "2"}, "--dp-replicas needs --strategy dp");
+}
+
 #if TORCH_VERSION_MAJOR < 2
 TEST(TrainProcesses, Float16MixedOnLibTorch113sCpuIsOneLineNamingTheAlternative) {
   expect_one_line_failure("fp16_113", {"--precision", "16-mixed"}, "use --precision bf16-mixed");
