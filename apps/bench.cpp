@@ -164,7 +164,8 @@ std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe")
 nlohmann::json to_json(const bench::TrainBenchResult& result) {
   return {{"ms_per_step_median", result.ms_median}, {"ms_per_step_min", result.ms_min},
           {"ms_per_step_max", result.ms_max},       {"repeats", result.ms_per_step},
-          {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters}};
+          {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters},
+          {"hidden_share", result.hidden_share}};
 }
 
 int run_train_worker(TrainFlags flags) {
@@ -379,8 +380,11 @@ int run_train_driver(TrainFlags flags) {
   std::vector<TrainRow> table = rows;
   table.insert(table.end(), data_parallel_rows.begin(), data_parallel_rows.end());
 
-  fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8}\n", "framework", "wrapper", "backend",
-             "N", "samples/s", "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden");
+  // hidden: the share of the gradient all-reduce that ran during backward, from a timeline of the steps (tandem's
+  // DDP only); est.hidden: the same share inferred from step times, 1 - (ms - indep ms) / all-reduce ms.
+  fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8} {:>10}\n", "framework", "wrapper",
+             "backend", "N", "samples/s", "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden",
+             "est.hidden");
   nlohmann::json out = nlohmann::json::array();
   for (const auto& row : table) {
     const double ms = median_over_rounds(row.job, "ms_per_step_median");
@@ -393,18 +397,24 @@ int run_train_driver(TrainFlags flags) {
       fastest = std::min(fastest, round["ms_per_step_min"].get<double>());
       slowest = std::max(slowest, round["ms_per_step_max"].get<double>());
     }
-    std::string hidden = "-";
+    std::string estimated_hidden = "-";
     if (row.world_size > 1 && allreduce_ms > 0) {
-      hidden = fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
+      estimated_hidden =
+          fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
+    }
+    std::string hidden = "-";
+    if (row.framework == "tandem" && row.world_size > 1 && row.job.front().value("hidden_share", -1.0) >= 0) {
+      hidden = fmt::format("{:.0f}%", 100.0 * median_over_rounds(row.job, "hidden_share"));
     }
     // DataParallel communicates through memory, not a backend.
     std::string backend = row.wrapper == "DP" ? "-" : row.framework == "pytorch" ? pytorch_backend : flags.backend;
-    fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8}\n", row.framework,
-               row.wrapper, backend, row.world_size, samples, ms, fmt::format("{:.2f}..{:.2f}", fastest, slowest),
-               independent_ms, efficiency, hidden);
+    fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8} {:>10}\n",
+               row.framework, row.wrapper, backend, row.world_size, samples, ms,
+               fmt::format("{:.2f}..{:.2f}", fastest, slowest), independent_ms, efficiency, hidden, estimated_hidden);
     out.push_back({{"framework", row.framework}, {"wrapper", row.wrapper}, {"backend", backend},
                    {"world_size", row.world_size}, {"samples_per_s", samples}, {"ms_per_step_median", ms},
                    {"independent_ms_per_step", independent_ms}, {"scaling_efficiency", efficiency}, {"hidden", hidden},
+                   {"estimated_hidden", estimated_hidden},
                    {"rounds", row.job}, {"independent_rounds", row.independent}});
   }
   if (compare) {

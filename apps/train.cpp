@@ -10,6 +10,7 @@
 #include "apps/flag_checks.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/data/mnist_dataset.h"
+#include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/train/trainer.h"
 
@@ -26,6 +27,9 @@ struct TrainFlags {
   std::string backend;
   double timeout_seconds = 300;
   bool no_shuffle = false;
+  std::string timeline_steps = "6-25";
+  bool no_tensorboard = false;
+  bool no_report = false;
 };
 
 // OMP_NUM_THREADS if set (as torchrun sets it), else the cores shared evenly among this node's ranks.
@@ -40,6 +44,9 @@ int default_threads(int local_world_size) {
 int run_train(TrainFlags& flags) {
   train::TrainOptions& options = flags.options;
   options.shuffle = !flags.no_shuffle;
+  options.tensorboard = !flags.no_tensorboard;
+  options.report = !flags.no_report;
+  options.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
   options.precision = amp::parse_precision(flags.precision);
   options.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
   if (options.dp_replicas > 0 && options.strategy != train::Strategy::kDataParallel) {
@@ -105,6 +112,10 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run) or dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp"}));
   command.add_option("--dp-replicas", o.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(at_least(1));
+  command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");
+  command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
+  command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");
+  command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str();
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(between(0.001, 31536000));
   return [flags] { return run_train(*flags); };

@@ -9,6 +9,7 @@
 #include "tandem/comm/value_collectives.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
+#include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/util/compat.h"
@@ -74,22 +75,32 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
           .to(options.device);
   torch::Tensor labels = torch::randint(0, 10, {batches * batch_size}, torch::kLong).to(options.device);
 
-  auto step = [&](int i) {
+  // `timeline` null: no spans, no clock reads.
+  auto step = [&](int i, monitor::Timeline* timeline) {
     int64_t start = (i % batches) * batch_size;
     torch::Tensor x = images.narrow(0, start, batch_size);
     torch::Tensor y = labels.narrow(0, start, batch_size);
     compat::drop_gradients(optimizer);  // as the PyTorch side's zero_grad(set_to_none=True)
-    torch::nn::functional::cross_entropy(forward(x), y).backward();
+    torch::Tensor loss;
+    {
+      monitor::TimelineSpan span(timeline, monitor::SpanKind::kForward);
+      loss = torch::nn::functional::cross_entropy(forward(x), y);
+    }
+    {
+      monitor::TimelineSpan span(timeline, monitor::SpanKind::kBackward);
+      loss.backward();
+    }
+    monitor::TimelineSpan span(timeline, monitor::SpanKind::kOptimizer);
     optimizer.step();
   };
 
-  for (int i = 0; i < options.warmup; ++i) step(i);
+  for (int i = 0; i < options.warmup; ++i) step(i, nullptr);
   TrainBenchResult result;
   for (int r = 0; r < options.repeats; ++r) {
     synchronize(options.device);
     if (communicator) communicator->barrier()->wait();
     auto start = Clock::now();
-    for (int i = 0; i < options.steps; ++i) step(options.warmup + r * options.steps + i);
+    for (int i = 0; i < options.steps; ++i) step(options.warmup + r * options.steps + i, nullptr);
     synchronize(options.device);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / options.steps;
     result.ms_per_step.push_back(slowest_ms(ms, communicator));
@@ -98,6 +109,24 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   result.ms_min = *std::min_element(result.ms_per_step.begin(), result.ms_per_step.end());
   result.ms_max = *std::max_element(result.ms_per_step.begin(), result.ms_per_step.end());
   for (const auto& p : (*model).parameters()) result.parameters += p.numel();
+
+  if (distributed) {
+    // One more repeat, untimed, with a timeline: its clock reads must not touch the figures above.
+    monitor::Timeline timeline({1, options.steps});
+    distributed->reducer().set_timeline(&timeline);
+    const int first = options.warmup + options.repeats * options.steps;
+    for (int i = 0; i < options.steps; ++i) {
+      timeline.begin_step(i + 1);
+      step(first + i, &timeline);
+      synchronize(options.device);
+      timeline.end_step();
+    }
+    distributed->reducer().set_timeline(nullptr);
+    torch::Tensor share = torch::tensor({monitor::summarize_timeline(timeline.spans(), rank).hidden_share()},
+                                        torch::kFloat64);
+    comm::all_reduce_values(*communicator, share, comm::ReduceOp::Sum);
+    result.hidden_share = share.item<double>() / world;
+  }
 
   if (communicator) {
     torch::Tensor flat = torch::zeros({result.parameters}, torch::TensorOptions(torch::kFloat32).device(options.device));

@@ -21,6 +21,8 @@ class ThenWork : public comm::Work {
   }
   // Completed only once the continuation has run, which happens in wait().
   bool is_completed() override { return done_; }
+  // The communication is what a timeline shows; the continuation is local work after it.
+  void observe_completion(std::function<void()> observer) override { inner_->observe_completion(std::move(observer)); }
 
  private:
   comm::WorkPtr inner_;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "tandem/util/error.h"
@@ -118,6 +119,12 @@ std::vector<std::string> Reducer::parameter_names() const {
   return names;
 }
 
+void Reducer::set_timeline(monitor::Timeline* timeline) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!callback_queued_, "set_timeline during backward");
+  timeline_ = timeline;
+}
+
 void Reducer::register_comm_hook(CommHookPtr hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(!callback_queued_, "register_comm_hook during backward");
@@ -209,7 +216,15 @@ void Reducer::launch_complete_buckets() {
     const size_t index = next_bucket_to_launch_++;
     if (index + 1 == buckets_.size()) fill_tail();
     Bucket& bucket = buckets_[index];
+    const bool recording = timeline_ && timeline_->recording();
+    if (recording) bucket.launched_at = monitor::TimelineClock::now();
     bucket.work = options_.comm_hook->launch(*communicator_, GradBucket{index, buckets_.size(), bucket.buffer});
+    if (recording) {
+      auto completed_at = std::make_shared<std::atomic<monitor::TimelineClock::rep>>(0);
+      bucket.completed_at = completed_at;
+      bucket.work->observe_completion(
+          [completed_at] { completed_at->store(monitor::TimelineClock::now().time_since_epoch().count()); });
+    }
   }
 }
 
@@ -249,6 +264,7 @@ void Reducer::finish_backward() {
   launch_complete_buckets();
   TANDEM_CHECK(next_bucket_to_launch_ == buckets_.size(), "not every bucket was launched at the end of backward");
 
+  const auto wait_begin = monitor::TimelineClock::now();
   std::exception_ptr failure;
   for (auto& bucket : buckets_) {
     try {
@@ -257,6 +273,7 @@ void Reducer::finish_backward() {
       if (!failure) failure = std::current_exception();
     }
   }
+  if (timeline_ && timeline_->recording() && !failure) record_allreduces(wait_begin);
   if (failure) {
     reset_iteration();
     broken_ = fmt::format(
@@ -302,6 +319,24 @@ void Reducer::finish_backward() {
   reset_iteration();
 }
 
+// Every bucket has completed; a backend thread may not yet have reported the completion it is about to report,
+// and then the wait's end stands in for it.
+void Reducer::record_allreduces(monitor::TimelineClock::time_point wait_begin) {
+  const auto wait_end = monitor::TimelineClock::now();
+  const int64_t step = timeline_->current_step();
+  timeline_->add_span(monitor::SpanKind::kAllReduceWait, step, wait_begin, wait_end);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (!bucket.completed_at) continue;  // launched before the step was recorded
+    const auto reported = bucket.completed_at->load();
+    const auto completed =
+        reported != 0 ? monitor::TimelineClock::time_point(monitor::TimelineClock::duration(reported)) : wait_end;
+    timeline_->add_span(monitor::SpanKind::kAllReduce, step, bucket.launched_at, std::min(completed, wait_end),
+                        static_cast<int64_t>(b));
+    bucket.completed_at.reset();
+  }
+}
+
 void Reducer::write_back(const std::vector<char>& globally_used) {
   for (size_t i = 0; i < params_.size(); ++i) {
     // A parameter no rank used keeps its .grad as it was, as in a single process.
@@ -323,6 +358,7 @@ void Reducer::reset_iteration() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].pending = layouts_[b].params.size();
     buckets_[b].work.reset();
+    buckets_[b].completed_at.reset();
   }
   next_bucket_to_launch_ = 0;
   callback_queued_ = false;

@@ -106,6 +106,7 @@ struct OutputStream {
   size_t owner = 0;      // index of the worker it belongs to
   int fd = -1;           // read end of the worker's pipe; -1 once it reached end of file
   int terminal_fd = -1;  // the launcher's own stdout or stderr
+  bool terminal_is_tty = false;
   LineBuffer lines;
 };
 
@@ -170,6 +171,9 @@ class Supervisor {
     auto overrides =
         worker_environment(plan_, local_rank, restart, comm::process_environment(), usable_cpu_count());
     overrides.insert(store_variables.begin(), store_variables.end());
+    // The workers write into pipes; rank 0's progress bar needs to know that the launcher shows them on a
+    // terminal, which redraws a line in place (see emit).
+    if (::isatty(STDERR_FILENO) == 1) overrides["TANDEM_TERMINAL"] = "1";
     std::vector<std::string> entries;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       std::string text(*entry);
@@ -273,8 +277,8 @@ class Supervisor {
 
     worker.pid = pid;
     worker.running = true;
-    worker.out = {static_cast<size_t>(worker.local_rank), out[0], STDOUT_FILENO, {}};
-    worker.err = {static_cast<size_t>(worker.local_rank), err[0], STDERR_FILENO, {}};
+    worker.out = {static_cast<size_t>(worker.local_rank), out[0], STDOUT_FILENO, ::isatty(STDOUT_FILENO) == 1, {}};
+    worker.err = {static_cast<size_t>(worker.local_rank), err[0], STDERR_FILENO, ::isatty(STDERR_FILENO) == 1, {}};
     for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     return 0;
   }
@@ -429,22 +433,34 @@ class Supervisor {
       close_stream(stream);
       return false;
     }
-    stream.lines.feed(buffer, static_cast<size_t>(got), [&](const std::string& line) { emit(worker, stream, line); });
+    stream.lines.feed(buffer, static_cast<size_t>(got),
+                      [&](const std::string& line, bool partial) { emit(worker, stream, line, partial); });
     return true;
   }
 
   void close_stream(OutputStream& stream) {
     Worker& worker = owner_of(stream);
-    stream.lines.flush([&](const std::string& line) { emit(worker, stream, line); });
+    stream.lines.flush([&](const std::string& line, bool partial) { emit(worker, stream, line, partial); });
     ::close(stream.fd);
     stream.fd = -1;
   }
 
   Worker& owner_of(const OutputStream& stream) { return workers_.at(stream.owner); }
 
-  void emit(const Worker& worker, const OutputStream& stream, const std::string& line) {
-    // One write per line keeps the ranks' lines whole on the terminal.
-    write_all(stream.terminal_fd, fmt::format("[{}] {}\n", worker.exit.rank, line));
+  // One write per line keeps the ranks' lines whole on the terminal. A partial line (a progress bar's state)
+  // is drawn over the terminal's last line and left there without a newline; the next whole line from any
+  // rank first clears it. Files and pipes get whole lines only.
+  void emit(const Worker& worker, const OutputStream& stream, const std::string& line, bool partial) {
+    constexpr const char* kClearLine = "\r\x1b[K";
+    if (partial) {
+      if (!stream.terminal_is_tty) return;
+      write_all(stream.terminal_fd, fmt::format("{}[{}] {}", kClearLine, worker.exit.rank, line));
+      partial_line_shown_ = true;
+      return;
+    }
+    const bool clear = partial_line_shown_ && stream.terminal_is_tty;
+    write_all(stream.terminal_fd, fmt::format("{}[{}] {}\n", clear ? kClearLine : "", worker.exit.rank, line));
+    if (stream.terminal_is_tty) partial_line_shown_ = false;
     if (worker.log_fd >= 0) write_all(worker.log_fd, line + "\n");
   }
 
@@ -480,6 +496,7 @@ class Supervisor {
 
   const LaunchPlan& plan_;
   const LocalStore* store_;
+  bool partial_line_shown_ = false;  // the terminal's last line is a partial one (see emit)
   SignalRelay signals_;
   const int signal_fd_ = signals_.fd();
   std::vector<Worker> workers_;

@@ -19,11 +19,14 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
+#include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/evaluation.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
 #include "tandem/train/run_directory.h"
+#include "tandem/train/run_records.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
@@ -49,17 +52,38 @@ NanInjection nan_injection_from_env() {
   return injection;
 }
 
-// [sum of the finite losses, non-finite flag of rank 0, ..., of rank W-1] over all ranks, on the host: built on
-// the loss's device, so the step costs one all-reduce and one read for both the metric and the NaN check.
-torch::Tensor reduce_step_statistics(const torch::Tensor& loss, int rank, comm::Communicator* communicator) {
+// What each step's one all-reduce tells every rank, read on the host.
+struct StepStatistics {
+  double loss_sum = 0;            // of the finite losses
+  std::vector<int> nonfinite_ranks;
+  std::vector<double> rank_seconds;
+};
+
+// Built on the loss's device as [loss sum, a non-finite flag per rank, seconds per rank], so the step costs one
+// all-reduce and one read for the metric, the NaN check and the ranks' timings.
+StepStatistics reduce_step_statistics(const torch::Tensor& loss, double seconds, int rank,
+                                      comm::Communicator* communicator) {
   const int world = communicator ? communicator->world_size() : 1;
   torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
   torch::Tensor finite = torch::isfinite(value);
-  torch::Tensor stats = torch::zeros({1 + world}, value.options());
+  torch::Tensor stats = torch::zeros({1 + 2 * world}, value.options());
   stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
   stats.narrow(0, 1 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
+  stats.narrow(0, 1 + world + rank, 1).fill_(seconds);
   if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
-  return stats.cpu();
+  const torch::Tensor host = stats.cpu();
+  const double* values = host.data_ptr<double>();
+  StepStatistics result;
+  result.loss_sum = values[0];
+  for (int r = 0; r < world; ++r) {
+    if (values[1 + r] > 0) result.nonfinite_ranks.push_back(r);
+    result.rank_seconds.push_back(values[1 + world + r]);
+  }
+  return result;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 amp::GradScalerOptions scaler_options(const LoopOptions& options) {
@@ -95,6 +119,9 @@ class Run {
   void set_lr(int epoch);
   CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const CheckpointState& state);
+  void start_timeline();
+  void write_timeline();
+  void write_report();
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
   // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
   template <typename Pass>
@@ -124,7 +151,9 @@ class Run {
   std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
   std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
-  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<RunRecords> records_;  // rank 0's
+  std::unique_ptr<monitor::Timeline> timeline_;
+  bool timeline_written_ = false;
   std::unique_ptr<ProgressReporter> progress_;
   CheckpointState resumed_;
   RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
@@ -248,12 +277,16 @@ TrainResult Run::execute() {
   if (!checkpoint.empty()) resume_from(checkpoint);
 
   const int64_t batches_per_epoch = make_loaders();
-  comm::run_on_all_ranks(communicator_, "to open metrics.jsonl", [&] {
-    if (is_main_) metrics_ = std::make_unique<MetricsWriter>(options_.run_dir + "/metrics.jsonl", resumed_.epoch);
+  comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
+    if (is_main_) {
+      records_ = std::make_unique<RunRecords>(options_.run_dir, resumed_.epoch, resumed_.step,
+                                              RunRecordsOptions{options_.tensorboard, eval_set_ != nullptr});
+    }
   });
+  if (!options_.timeline_path.empty()) start_timeline();
   ProgressOptions progress_options;
   progress_options.enabled = is_main_ && options_.progress;
-  progress_ = std::make_unique<ProgressReporter>(options_.epochs, batches_per_epoch, options_.batch_size * world_,
+  progress_ = std::make_unique<ProgressReporter>(batches_per_epoch, options_.batch_size * world_,
                                                  progress_options);
 
   TrainResult result;
@@ -269,8 +302,54 @@ TrainResult Run::execute() {
     const bool complete = progress.batches_done >= batches_per_epoch;
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
+  if (timeline_ && !timeline_written_) write_timeline();
+  if (options_.report) write_report();
   result.steps = step_;
   return result;
+}
+
+// Every rank's clock starts where a barrier returned, so that the ranks' lanes line up in the trace.
+void Run::start_timeline() {
+  timeline_ = std::make_unique<monitor::Timeline>(options_.timeline_steps);
+  if (communicator_) communicator_->barrier()->wait();
+  timeline_->set_origin(monitor::TimelineClock::now());
+  if (ddp_model_) ddp_model_->reducer().set_timeline(timeline_.get());
+}
+
+// Collective: at the same step on every rank (the window's end, or the run's).
+void Run::write_timeline() {
+  timeline_written_ = true;
+  if (ddp_model_) ddp_model_->reducer().set_timeline(nullptr);
+  const std::vector<std::vector<monitor::Span>> spans = monitor::gather_timelines(communicator_, *timeline_);
+  comm::run_on_all_ranks(communicator_, "to write the timeline", [&] {
+    if (!is_main_) return;
+    std::vector<monitor::RankTimelineSummary> summaries;
+    for (size_t rank = 0; rank < spans.size(); ++rank) {
+      summaries.push_back(monitor::summarize_timeline(spans[rank], static_cast<int>(rank)));
+    }
+    write_file_atomically(options_.timeline_path, monitor::chrome_trace_json(spans));
+    write_file_atomically(options_.run_dir + "/timeline_summary.json",
+                          monitor::timeline_summary_json(summaries, options_.timeline_steps, options_.timeline_path));
+    if (summaries.empty() || summaries[0].steps == 0) {
+      log::main_info("timeline: the run had no step in {}-{}; {} holds no steps", options_.timeline_steps.first,
+                     options_.timeline_steps.last, options_.timeline_path);
+    } else {
+      log::main_info("timeline of steps {}-{} written to {} ({:.0f}% of rank 0's all-reduce time hidden behind "
+                     "backward)",
+                     options_.timeline_steps.first, std::min(options_.timeline_steps.last, step_),
+                     options_.timeline_path, 100 * summaries[0].hidden_share());
+    }
+  });
+}
+
+// The training is done and saved by now: a report that cannot be drawn is worth a line, not a failed run.
+void Run::write_report() {
+  if (!is_main_) return;
+  try {
+    log::main_info("report: {}", records_->write_report());
+  } catch (const std::exception& error) {
+    log::main_info("no report written: {}", error.what());
+  }
 }
 
 // The training loader in the DistributedSampler's shuffled order, the evaluation loader in its plain order with
@@ -343,36 +422,50 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
 // One optimizer step on `batch`; returns its loss averaged over the ranks.
 double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch) {
   fault::kill_point("step", step_ + 1);
+  const auto start = std::chrono::steady_clock::now();
+  if (timeline_) timeline_->begin_step(step_ + 1);
   set_lr(epoch);
   compat::drop_gradients(optimizer_);
-  torch::Tensor loss = in_precision([&] {
-    torch::Tensor output = forward_for_training(batch.data);
-    // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
-    // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
-    return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
-  });
-  if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
-  scaler_.scale(loss).backward();
-  const torch::Tensor step_stats = reduce_step_statistics(loss, rank_, communicator_);
-  const double* stats = step_stats.data_ptr<double>();
-  std::vector<int> bad_ranks;
-  for (int r = 0; r < world_; ++r) {
-    if (stats[1 + r] > 0) bad_ranks.push_back(r);
+  torch::Tensor loss;
+  {
+    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kForward);
+    loss = in_precision([&] {
+      torch::Tensor output = forward_for_training(batch.data);
+      // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
+      // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
+      return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
+    });
   }
-  if (!bad_ranks.empty()) {
+  if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
+  {
+    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kBackward);
+    scaler_.scale(loss).backward();
+  }
+  const StepStatistics stats = reduce_step_statistics(loss, seconds_since(start), rank_, communicator_);
+  if (!stats.nonfinite_ranks.empty()) {
     progress_->end_epoch();
     throw NonFiniteLossError(fmt::format(
         "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
-        bad_ranks.size() > 1 ? "s" : "", fmt::join(bad_ranks, ","), step_, epoch, batch_index));
+        stats.nonfinite_ranks.size() > 1 ? "s" : "", fmt::join(stats.nonfinite_ranks, ","), step_, epoch,
+        batch_index));
   }
-  const bool stepped = scaler_.step(optimizer_);
-  scaler_.update();
+  bool stepped = false;
+  {
+    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kOptimizer);
+    stepped = scaler_.step(optimizer_);
+    scaler_.update();
+  }
   ++step_;
-  const double mean_loss = stats[0] / world_;
-  if (callbacks_.on_step) {
-    callbacks_.on_step({epoch, batch_index, step_, mean_loss, optimizer_.param_groups()[0].options().get_lr(), stepped,
-                        scaler_.get_scale()});
+  if (timeline_) timeline_->end_step();
+  const double mean_loss = stats.loss_sum / world_;
+  const double lr = optimizer_.param_groups()[0].options().get_lr();
+  if (records_) {
+    const double seconds = seconds_since(start);
+    records_->record_step({step_, epoch, batch_index, mean_loss, lr, scaler_.get_scale(), stepped, seconds,
+                           seconds > 0 ? options_.batch_size * world_ / seconds : 0.0, stats.rank_seconds});
   }
+  if (timeline_ && timeline_->finished() && !timeline_written_) write_timeline();
+  if (callbacks_.on_step) callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
   return mean_loss;
 }
 
@@ -398,7 +491,7 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
     const std::string accuracy = eval_loader_ ? fmt::format(" accuracy {:.4f}", m.accuracy) : "";
     std::printf("[epoch %d] loss %.4f%s lr %s\n", epoch, m.loss, accuracy.c_str(), fmt::format("{:.6g}", m.lr).c_str());
     std::fflush(stdout);
-    metrics_->write(m);
+    records_->record_epoch(m);
   });
   if (callbacks_.on_epoch_end) {
     comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] { callbacks_.on_epoch_end(m); });

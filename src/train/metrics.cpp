@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "tandem/util/error.h"
@@ -25,33 +26,49 @@ std::string to_json_line(const EpochMetrics& m) {
   return line.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, int first_epoch) : path_(path) {
-  if (std::ifstream existing{path}) {
+std::string to_json_line(const StepMetrics& m) {
+  nlohmann::ordered_json line = {
+      {"step", m.step},
+      {"epoch", m.epoch},
+      {"batch", m.batch},
+      {"loss", m.loss},
+      {"lr", m.lr},
+      {"loss_scale", m.loss_scale},
+      {"optimizer_stepped", m.optimizer_stepped},
+      {"seconds", m.seconds},
+      {"samples_per_second", m.samples_per_second},
+      {"rank_seconds", m.rank_seconds},
+  };
+  return line.dump();
+}
+
+JsonLinesFile::JsonLinesFile(std::string path, const std::string& key, int64_t first_dropped) : path_(std::move(path)) {
+  if (std::ifstream existing{path_}) {
     std::string kept;
     for (std::string line; std::getline(existing, line);) {
       const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object() && parsed.value("epoch", first_epoch) < first_epoch) kept += line + "\n";
+      if (parsed.is_object() && parsed.value(key, first_dropped) < first_dropped) kept += line + "\n";
     }
-    const std::string temp = path + ".tmp";
+    const std::string temp = path_ + ".tmp";
     std::ofstream rewritten(temp, std::ios::trunc);
     rewritten << kept;
     rewritten.close();
-    if (!rewritten || std::rename(temp.c_str(), path.c_str()) != 0) {
-      throw Error("cannot rewrite metrics file " + path + ": " + std::strerror(errno));
+    if (!rewritten || std::rename(temp.c_str(), path_.c_str()) != 0) {
+      throw Error("cannot rewrite " + path_ + ": " + std::strerror(errno));
     }
   }
-  file_ = std::fopen(path.c_str(), "a");
-  if (!file_) throw Error("cannot open metrics file " + path + ": " + std::strerror(errno));
+  file_ = std::fopen(path_.c_str(), "a");
+  if (!file_) throw Error("cannot open " + path_ + " for appending: " + std::strerror(errno));
 }
 
-MetricsWriter::~MetricsWriter() {
+JsonLinesFile::~JsonLinesFile() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsWriter::write(const EpochMetrics& metrics) {
-  const std::string line = to_json_line(metrics) + "\n";
+void JsonLinesFile::append(const std::string& json_line) {
+  const std::string line = json_line + "\n";
   if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
-    throw Error("cannot write metrics file " + path_ + ": " + std::strerror(errno));
+    throw Error("cannot write " + path_ + ": " + std::strerror(errno));
   }
 }
 

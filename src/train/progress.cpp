@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "tandem/util/log.h"
@@ -24,20 +25,25 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-ProgressReporter::ProgressReporter(int epochs, int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
+ProgressReporter::ProgressReporter(int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
                                    ProgressOptions options)
-    : epochs_(epochs),
-      batches_per_epoch_(std::max<int64_t>(1, batches_per_epoch)),
+    : batches_per_epoch_(std::max<int64_t>(1, batches_per_epoch)),
       samples_per_batch_(samples_per_batch_all_ranks),
       options_(options) {
-  terminal_ = options_.terminal >= 0 ? options_.terminal == 1 : ::isatty(::fileno(options_.out)) == 1;
+  if (options_.terminal >= 0) {
+    terminal_ = options_.terminal == 1;
+  } else {
+    const char* shown_on_terminal = std::getenv("TANDEM_TERMINAL");
+    terminal_ = ::isatty(::fileno(options_.out)) == 1 || (shown_on_terminal && std::string(shown_on_terminal) == "1");
+  }
 }
 
 void ProgressReporter::start_epoch(int epoch, int64_t first_batch) {
   epoch_ = epoch;
   first_batch_ = first_batch;
   last_printed_ = -1;
-  start_ = last_draw_ = std::chrono::steady_clock::now();
+  start_ = std::chrono::steady_clock::now();
+  last_draw_.reset();
 }
 
 void ProgressReporter::update(int64_t batch, double mean_loss) {
@@ -46,7 +52,7 @@ void ProgressReporter::update(int64_t batch, double mean_loss) {
   if (terminal_) {
     // Redrawing costs a write per step; ten times a second is enough for a person.
     const auto now = std::chrono::steady_clock::now();
-    if (done < batches_per_epoch_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    if (last_draw_ && done < batches_per_epoch_ && now - *last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     draw(done, mean_loss);
     return;
@@ -72,13 +78,12 @@ void ProgressReporter::draw(int64_t done, double mean_loss) {
     const int filled = static_cast<int>(kWidth * done / batches_per_epoch_);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(options_.out, "\repoch %d/%d [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_ + 1, epochs_,
-                 bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches_per_epoch_), mean_loss,
+    std::fprintf(options_.out, "\r[epoch %d] [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches_per_epoch_), mean_loss,
                  rate, format_duration(eta).c_str());
     std::fflush(options_.out);
   } else {
-    log::write("", fmt::format("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch_ + 1, epochs_,
-                               done, batches_per_epoch_, mean_loss, rate, format_duration(eta)));
+    log::write("", fmt::format("[epoch {}] batch {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch_, done,
+                               batches_per_epoch_, mean_loss, rate, format_duration(eta)));
   }
   last_printed_ = done;
 }

@@ -1,8 +1,5 @@
 #include "tandem/train/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -11,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fault_injection.h"
 
@@ -118,27 +116,6 @@ EntryLayout entry_layout(const json& entry, uint64_t data_size, const std::strin
   return layout;
 }
 
-[[noreturn]] void throw_io(const std::string& what, const std::string& path) {
-  throw Error(what + " " + path + ": " + std::strerror(errno));
-}
-
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, bytes, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_io("cannot write", path);
-    bytes += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-std::string parent_dir(const std::string& path) {
-  auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 }  // namespace
 
 torch::Tensor TensorFile::find(const std::string& name) const {
@@ -176,40 +153,14 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
 
   static std::atomic<int64_t> files_written{0};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_io("cannot create", temp);
-  try {
-    write_all(fd, size_bytes, sizeof size_bytes, temp);
-    write_all(fd, text.data(), text.size(), temp);
+  write_file_atomically(path, [&](const FileAppender& append) {
+    append(size_bytes, sizeof size_bytes);
+    append(text.data(), text.size());
     for (size_t i = 0; i < contiguous.size(); ++i) {
       if (i == contiguous.size() / 2) fault::kill_point("safetensors-write", ++files_written);
-      write_all(fd, contiguous[i].data_ptr(), contiguous[i].numel() * contiguous[i].element_size(), temp);
+      append(contiguous[i].data_ptr(), contiguous[i].numel() * contiguous[i].element_size());
     }
-    if (::fsync(fd) != 0) throw_io("cannot fsync", temp);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(temp.c_str());
-    throw_io("cannot close", temp);
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    ::unlink(temp.c_str());
-    throw_io("cannot rename " + temp + " to", path);
-  }
-  // The rename itself is durable only once the directory entry is on disk; a caller told "saved" must be able
-  // to rely on it. File systems that cannot sync a directory at all say EINVAL, and there is nothing more to do.
-  const std::string dir_path = parent_dir(path);
-  const int dir = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) throw_io("cannot open directory " + dir_path + " to fsync it after writing", path);
-  const bool synced = ::fsync(dir) == 0 || errno == EINVAL;
-  const int fsync_errno = errno;
-  ::close(dir);
-  errno = fsync_errno;
-  if (!synced) throw_io("cannot fsync directory " + dir_path + " after writing", path);
+  });
 }
 
 TensorFile load_safetensors(const std::string& path) {

@@ -97,6 +97,10 @@ LoopOptions loop_options(const TrainOptions& o) {
   loop.progress = o.progress;
   loop.precision = o.precision;
   loop.strategy = o.strategy;
+  loop.tensorboard = o.tensorboard;
+  loop.report = o.report;
+  loop.timeline_path = o.timeline_path;
+  loop.timeline_steps = o.timeline_steps;
   if (o.strategy == Strategy::kDataParallel) loop.dp_devices = dp::replica_devices(o.device, o.dp_replicas);
   return loop;
 }

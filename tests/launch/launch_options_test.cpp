@@ -185,7 +185,10 @@ TEST(WorkerEnvironment, CountsRestartsAsTorchrunDoes) {
 TEST(LineBuffer, PassesOnWholeLinesAndTheLastPartialOne) {
   LineBuffer buffer;
   std::vector<std::string> lines;
-  auto sink = [&](const std::string& line) { lines.push_back(line); };
+  auto sink = [&](const std::string& line, bool partial) {
+    EXPECT_FALSE(partial) << line;
+    lines.push_back(line);
+  };
   buffer.feed("a\nb", 3, sink);
   EXPECT_EQ(lines, (std::vector<std::string>{"a"}));
   buffer.feed("c\n\nd", 4, sink);
@@ -200,9 +203,32 @@ TEST(LineBuffer, SplitsALineThatNeverEnds) {
   LineBuffer buffer;
   std::vector<std::string> lines;
   std::string endless(LineBuffer::kMaxLine + 10, 'x');
-  buffer.feed(endless.data(), endless.size(), [&](const std::string& line) { lines.push_back(line); });
+  buffer.feed(endless.data(), endless.size(), [&](const std::string& line, bool) { lines.push_back(line); });
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].size(), LineBuffer::kMaxLine);
+}
+
+TEST(LineBuffer, PassesOnARedrawnLineAsItStandsAndKeepsOnlyTheStateItsNewlineCompletes) {
+  LineBuffer buffer;
+  std::vector<std::pair<std::string, bool>> seen;
+  auto sink = [&](const std::string& line, bool partial) { seen.emplace_back(line, partial); };
+  buffer.feed("\r1/3", 4, sink);
+  buffer.feed("\r2/3\r3", 6, sink);
+  buffer.feed("/3\ndone\n", 9, sink);
+  const std::vector<std::pair<std::string, bool>> expected{
+      {"1/3", true}, {"3", true}, {"3/3", false}, {"done", false}};
+  EXPECT_EQ(seen, expected);
+}
+
+TEST(LineBuffer, ACarriageReturnBeforeTheNewlineEndsTheLineItFollows) {
+  LineBuffer buffer;
+  std::vector<std::pair<std::string, bool>> seen;
+  auto sink = [&](const std::string& line, bool partial) { seen.emplace_back(line, partial); };
+  buffer.feed("windows\r\nunix\n", 15, sink);
+  buffer.feed("bar\r", 4, sink);
+  buffer.flush(sink);
+  const std::vector<std::pair<std::string, bool>> expected{{"windows", false}, {"unix", false}, {"bar", false}};
+  EXPECT_EQ(seen, expected);
 }
 
 }  // namespace

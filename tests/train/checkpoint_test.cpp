@@ -262,15 +262,15 @@ TEST(CosineSchedule, MatchesTheSeedsLambda) {
 TEST(Metrics, WritesOneJsonLinePerEpoch) {
   const std::string path = make_temp_dir("metrics") + "/metrics.jsonl";
   {
-    MetricsWriter writer(path, 0);
+    JsonLinesFile writer(path, "epoch", 0);
     EpochMetrics m;
     m.epoch = 0;
     m.accuracy = 0.5;
     m.correct = 5;
     m.total = 10;
-    writer.write(m);
+    writer.append(to_json_line(m));
     m.epoch = 1;
-    writer.write(m);
+    writer.append(to_json_line(m));
   }
   std::ifstream in(path);
   std::string line;
@@ -289,11 +289,11 @@ TEST(Metrics, AResumedRunDropsTheLinesOfEpochsItTrainsAgainAndATornLine) {
                       << to_json_line(EpochMetrics{2}) << "\n"
                       << "{\"epoch\":3,\"lo";  // killed while writing
   {
-    MetricsWriter writer(path, 2);
+    JsonLinesFile writer(path, "epoch", 2);
     EpochMetrics m;
     m.epoch = 2;
     m.accuracy = 0.25;
-    writer.write(m);
+    writer.append(to_json_line(m));
   }
   std::ifstream in(path);
   std::vector<std::string> lines;

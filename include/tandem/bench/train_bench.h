@@ -38,6 +38,9 @@ struct TrainBenchResult {
   // One all-reduce (avg) of a buffer as large as all gradients together, alone: what DDP would add to a step
   // if none of it were hidden behind backward. 0 without communication.
   double allreduce_ms = 0;
+  // Of the gradient all-reduce time, the share that ran while backward still computed, measured with a
+  // timeline (monitor/timeline_trace.h) over one more untimed repeat, averaged over the ranks; -1 without DDP.
+  double hidden_share = -1;
   int64_t parameters = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,11 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
+  // Calls `observer` once, as soon as this rank learns that the collective completed: on the backend's own
+  // thread where it runs the collective on the host (gloo, mpi), or inside wait() where the host cannot tell
+  // earlier (nccl, whose work runs on a GPU stream). For timelines only: the observer must be quick and must not
+  // throw, and the caller's tensor may not hold the result yet.
+  virtual void observe_completion(std::function<void()> observer) = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,7 @@
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/ddp/ddp_options.h"
 #include "tandem/ddp/replica_sync.h"
+#include "tandem/monitor/timeline.h"
 #include "tandem/util/compat.h"
 
 namespace tandem::ddp {
@@ -58,6 +60,10 @@ class Reducer {
   void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
   bool require_sync() const { return require_sync_; }
 
+  // Records each bucket's all-reduce, from launch to completion, and the wait for them at the end of backward
+  // into `timeline` (null: none), in its open step. Call between iterations; the timeline must outlive its use.
+  void set_timeline(monitor::Timeline* timeline);
+
   // Replaces the comm hook; call between iterations, on every rank alike.
   void register_comm_hook(CommHookPtr hook);
 
@@ -78,6 +84,10 @@ class Reducer {
     torch::Tensor buffer;  // payload (the gradients), then the tail in the last bucket
     size_t pending = 0;    // parameters of this bucket not yet ready in this backward
     comm::WorkPtr work;
+    // For the timeline, in a recorded step: when this backward launched it, and when the backend completed it
+    // (in TimelineClock ticks; written on the backend's thread, 0 until then).
+    monitor::TimelineClock::time_point launched_at;
+    std::shared_ptr<std::atomic<monitor::TimelineClock::rep>> completed_at;
   };
 
   void expect_end_of_backward();
@@ -90,6 +100,7 @@ class Reducer {
   void write_back(const std::vector<char>& globally_used);
   void reset_iteration();
   void drain_in_flight() noexcept;
+  void record_allreduces(monitor::TimelineClock::time_point wait_begin);
 
   comm::CommunicatorPtr communicator_;
   int rank_ = 0;
@@ -115,6 +126,7 @@ class Reducer {
   // What the output hooks hold: they may outlive the reducer inside a graph the caller kept.
   std::shared_ptr<Reducer*> self_ = std::make_shared<Reducer*>(this);
   std::string broken_;  // why this reducer refuses further use; empty while it is usable
+  monitor::Timeline* timeline_ = nullptr;
 
   std::mutex mutex_;
   bool require_sync_ = true;        // set by NoSyncGuard

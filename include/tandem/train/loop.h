@@ -37,6 +37,7 @@
 #include "tandem/amp/precision.h"
 #include "tandem/comm/communicator.h"
 #include "tandem/data/dataset.h"
+#include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/metrics.h"
@@ -92,6 +93,14 @@ struct LoopOptions {
   // many CPU replicas as this process has intra-op threads.
   std::vector<torch::Device> dp_devices;
   bool progress = true;         // rank 0's progress bar / periodic lines
+  // Rank 0 writes RUN_DIR/steps.jsonl and metrics.jsonl always; with `tensorboard` the same scalars as a
+  // TensorBoard event file, with `report` RUN_DIR/report.html at the end (train/run_records.h).
+  bool tensorboard = true;
+  bool report = true;
+  // Non-empty: a Chrome trace of timeline_steps on every rank (monitor/timeline.h) goes to this file, and their
+  // means to RUN_DIR/timeline_summary.json, once the window's last step (or the run) ends.
+  std::string timeline_path;
+  monitor::StepWindow timeline_steps;
 };
 
 struct StepInfo {

@@ -1,11 +1,16 @@
 #pragma once
-// Rank 0's view of training progress. On a terminal: one bar redrawn in place
-//   epoch 3/10 [#########.........] 412/937 loss 0.4123 9123 samples/s ETA 00:05
-// Otherwise (a log file, CI): a plain line about every tenth of an epoch, so logs stay short. Other ranks
-// construct it disabled and it prints nothing.
+// Rank 0's view of training progress. On a terminal: one bar redrawn in place ('\r'), at the epoch's first and
+// last batch and at most ten times a second between,
+//   [epoch 2] [#########...............] 412/937 loss 0.4123 9123 samples/s ETA 00:05
+// Otherwise (a log file, CI): a plain line about every tenth of an epoch, with no '\r' or escape codes, so logs
+// stay short and readable:
+//   [epoch 2] batch 412/937 loss 0.4123 9123 samples/s ETA 00:05
+// Epochs are numbered from 0, as in the "[epoch 2] loss ... accuracy ..." line that ends each epoch, in
+// metrics.jsonl and in checkpoint names. Other ranks construct it disabled and it prints nothing.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 
 namespace tandem::train {
 
@@ -13,13 +18,14 @@ struct ProgressOptions {
   bool enabled = true;              // false on ranks other than 0
   std::FILE* out = stderr;
   int lines_per_epoch = 10;         // plain mode only
-  // -1: detect with isatty(out); 0/1 force plain/bar (tests).
+  // -1: detect: a terminal when isatty(out), or when TANDEM_TERMINAL=1 (tandem run sets it for workers whose
+  // output it shows on a terminal); 0/1 force plain/bar.
   int terminal = -1;
 };
 
 class ProgressReporter {
  public:
-  ProgressReporter(int epochs, int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
+  ProgressReporter(int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
                    ProgressOptions options = {});
 
   // Starts timing an epoch that begins at batch `first_batch` (non-zero after a mid-epoch resume).
@@ -32,7 +38,6 @@ class ProgressReporter {
  private:
   void draw(int64_t done, double mean_loss);
 
-  int epochs_;
   int64_t batches_per_epoch_;
   int64_t samples_per_batch_;
   ProgressOptions options_;
@@ -41,7 +46,7 @@ class ProgressReporter {
   int64_t first_batch_ = 0;
   int64_t last_printed_ = -1;
   std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::time_point last_draw_;
+  std::optional<std::chrono::steady_clock::time_point> last_draw_;  // none yet in this epoch
 };
 
 }  // namespace tandem::train

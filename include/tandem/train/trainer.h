@@ -60,6 +60,10 @@ struct TrainOptions {
   amp::Precision precision = amp::Precision::kFloat32;  // LoopOptions::precision
   Strategy strategy = Strategy::kDdp;      // LoopOptions::strategy
   int dp_replicas = 0;                     // Strategy::kDataParallel's replicas; 0: LoopOptions' default
+  bool tensorboard = true;                 // LoopOptions::tensorboard
+  bool report = true;                      // LoopOptions::report
+  std::string timeline_path;               // LoopOptions::timeline_path
+  monitor::StepWindow timeline_steps;      // LoopOptions::timeline_steps
 };
 
 // Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same

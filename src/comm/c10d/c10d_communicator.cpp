@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
@@ -65,6 +67,7 @@ class C10dWork : public Work {
     }
     if (on_complete_) on_complete_();
     finished_ = true;
+    if (observer_at_wait_) std::exchange(observer_at_wait_, nullptr)();
   }
 
   // The caller's tensor holds the result only once on_complete_ has run, so completing the work runs it too.
@@ -74,12 +77,31 @@ class C10dWork : public Work {
     return finished_;
   }
 
+  void observe_completion(std::function<void()> observer) override {
+    // A GPU collective's future completes once the collective is queued on its stream, long before it has run;
+    // only wait() knows more.
+    if (tensor_.defined() && !tensor_.is_cuda()) {
+      try {
+        work_->getFuture()->addCallback([observer](c10::ivalue::Future&) { observer(); });
+        return;
+      } catch (const std::exception&) {
+        // This work has no future (c10d leaves some optional): wait() tells instead.
+      }
+    }
+    if (finished_) {
+      observer();
+    } else {
+      observer_at_wait_ = std::move(observer);
+    }
+  }
+
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   Failure failure_;
   torch::Tensor tensor_;
   std::function<void()> on_complete_;
   bool finished_ = false;
+  std::function<void()> observer_at_wait_;
 };
 
 }  // namespace

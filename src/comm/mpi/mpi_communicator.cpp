@@ -196,6 +196,19 @@ struct WorkState {
   std::condition_variable done_signal;
   bool done = false;
   std::exception_ptr error;
+  std::function<void()> observer;  // Work::observe_completion's, called once when done
+
+  // On the MPI thread, once the collective has run.
+  void finish() {
+    std::function<void()> notify;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+      notify = std::move(observer);
+      done_signal.notify_all();
+    }
+    if (notify) notify();
+  }
 };
 
 class MpiWork : public Work {
@@ -226,6 +239,17 @@ class MpiWork : public Work {
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->done;
+  }
+
+  void observe_completion(std::function<void()> observer) override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (!state_->done) {
+        state_->observer = std::move(observer);
+        return;
+      }
+    }
+    observer();
   }
 
  private:
@@ -309,9 +333,7 @@ WorkPtr enqueue(const std::shared_ptr<MpiRuntime>& runtime, const std::shared_pt
     } catch (...) {
       state->error = std::current_exception();
     }
-    std::lock_guard<std::mutex> lock(state->mutex);
-    state->done = true;
-    state->done_signal.notify_all();
+    state->finish();
   });
   std::string description = fmt::format("{} on rank {}/{} (backend mpi)", operation, group->rank, world_size);
   return std::make_shared<MpiWork>(state, group, runtime, description, timeout);

@@ -1,0 +1,47 @@
+#pragma once
+// What rank 0 writes into the run directory as training goes (docs/run_directory.md): metrics.jsonl per epoch
+// and steps.jsonl per step (train/metrics.h), the same scalars as a TensorBoard event file, and, at the end,
+// report.html drawn from them (monitor/report.h).
+//
+// TensorBoard's x axis is the optimizer step for every tag, the epoch's scalars at the step that ended the
+// epoch: a resumed run can then tell TensorBoard to forget what the killed run wrote after its checkpoint
+// (a SessionLog START), which a mix of epoch and step axes would not allow.
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "tandem/monitor/summary_writer.h"
+#include "tandem/train/metrics.h"
+
+namespace tandem::train {
+
+struct RunRecordsOptions {
+  bool tensorboard = true;
+  bool has_eval_set = true;  // whether epochs have an accuracy to record
+};
+
+class RunRecords {
+ public:
+  // Opens the run's files to continue after `resumed_epoch` epochs and `resumed_step` steps (0, 0: a new run).
+  // Throws Error naming a file that cannot be written.
+  RunRecords(const std::string& run_dir, int resumed_epoch, int64_t resumed_step, RunRecordsOptions options);
+
+  // Called inside a step, where a throw on rank 0 alone would leave the other ranks waiting in their next
+  // collective: a failure to write is kept and thrown by the next record_epoch instead, which every rank reaches
+  // together.
+  void record_step(const StepMetrics& metrics) noexcept;
+  void record_epoch(const EpochMetrics& metrics);
+  // RUN_DIR/report.html from everything recorded so far, and earlier runs' records in the directory.
+  std::string write_report();
+
+ private:
+  std::string run_dir_;
+  RunRecordsOptions options_;
+  JsonLinesFile epochs_;
+  JsonLinesFile steps_;
+  std::unique_ptr<monitor::SummaryWriter> tensorboard_;
+  std::exception_ptr step_failure_;
+};
+
+}  // namespace tandem::train

@@ -1,0 +1,73 @@
+#include "tandem/util/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tandem/util/error.h"
+
+namespace tandem {
+namespace {
+
+[[noreturn]] void throw_io(const std::string& what, const std::string& path) {
+  throw Error(what + " " + path + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, bytes, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_io("cannot write", path);
+    bytes += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::function<void(const FileAppender& append)>& write) {
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io("cannot create", temp);
+  try {
+    write([&](const void* data, size_t size) { write_all(fd, data, size, temp); });
+    if (::fsync(fd) != 0) throw_io("cannot fsync", temp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(temp.c_str());
+    throw_io("cannot close", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    ::unlink(temp.c_str());
+    throw_io("cannot rename " + temp + " to", path);
+  }
+  // The rename itself is durable only once the directory entry is on disk. File systems that cannot sync a
+  // directory at all say EINVAL, and there is nothing more to do.
+  const std::string dir_path = parent_dir(path);
+  const int dir = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) throw_io("cannot open directory " + dir_path + " to fsync it after writing", path);
+  const bool synced = ::fsync(dir) == 0 || errno == EINVAL;
+  const int fsync_errno = errno;
+  ::close(dir);
+  errno = fsync_errno;
+  if (!synced) throw_io("cannot fsync directory " + dir_path + " after writing", path);
+}
+
+void write_file_atomically(const std::string& path, const std::string& contents) {
+  write_file_atomically(path, [&](const FileAppender& append) { append(contents.data(), contents.size()); });
+}
+
+}  // namespace tandem
