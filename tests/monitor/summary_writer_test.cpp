@@ -17,18 +17,8 @@
 namespace tandem::monitor {
 namespace {
 
+using testing::expect_scalars;
 using testing::ScalarPoint;
-
-void expect_points(const testing::TensorBoardScalars& scalars, const std::string& tag,
-                   const std::vector<ScalarPoint>& expected) {
-  ASSERT_EQ(scalars.count(tag), 1u) << "TensorBoard read no tag " << tag;
-  const std::vector<ScalarPoint>& actual = scalars.at(tag);
-  ASSERT_EQ(actual.size(), expected.size()) << tag;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_EQ(actual[i].step, expected[i].step) << tag << " point " << i;
-    EXPECT_EQ(actual[i].value, expected[i].value) << tag << " at step " << expected[i].step;
-  }
-}
 
 TEST(SummaryWriter, ScalarsOfSeveralTagsReadBackInTensorBoard) {
   testing::ScratchDir dir;
@@ -47,9 +37,9 @@ TEST(SummaryWriter, ScalarsOfSeveralTagsReadBackInTensorBoard) {
   }
   const testing::TensorBoardScalars scalars = testing::read_tensorboard_scalars(dir.path());
   EXPECT_EQ(scalars.size(), 3u);
-  expect_points(scalars, "loss", loss);
-  expect_points(scalars, "step/learning_rate", lr);
-  expect_points(scalars, "accuracy", {{7, static_cast<float>(0.1)}});
+  expect_scalars(scalars, "loss", loss);
+  expect_scalars(scalars, "step/learning_rate", lr);
+  expect_scalars(scalars, "accuracy", {{7, static_cast<float>(0.1)}});
 }
 
 TEST(SummaryWriter, SessionStartOfAResumedRunReplacesTheKilledRunsStepsFromThere) {
@@ -70,7 +60,7 @@ TEST(SummaryWriter, SessionStartOfAResumedRunReplacesTheKilledRunsStepsFromThere
   std::vector<ScalarPoint> expected;
   for (int step = 1; step <= 5; ++step) expected.push_back({step, static_cast<double>(step)});
   for (int step = 6; step <= 12; ++step) expected.push_back({step, -100.0 * step});
-  expect_points(testing::read_tensorboard_scalars(dir.path()), "loss", expected);
+  expect_scalars(testing::read_tensorboard_scalars(dir.path()), "loss", expected);
 }
 
 TEST(SummaryWriter, LogDirThatCannotBeCreatedThrowsNamingIt) {

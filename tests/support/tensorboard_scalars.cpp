@@ -1,5 +1,7 @@
 #include "support/tensorboard_scalars.h"
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -32,6 +34,18 @@ TensorBoardScalars read_tensorboard_scalars(const std::string& log_dir) {
     for (const auto& point : points) scalars[tag].push_back({point.at(0).get<int64_t>(), point.at(1).get<double>()});
   }
   return scalars;
+}
+
+void expect_scalars(const TensorBoardScalars& scalars, const std::string& tag,
+                    const std::vector<ScalarPoint>& expected) {
+  const auto found = scalars.find(tag);
+  ASSERT_NE(found, scalars.end()) << "TensorBoard read no tag " << tag;
+  const std::vector<ScalarPoint>& actual = found->second;
+  ASSERT_EQ(actual.size(), expected.size()) << tag;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(actual[i].step, expected[i].step) << tag << " point " << i;
+    EXPECT_EQ(actual[i].value, expected[i].value) << tag << " at step " << expected[i].step;
+  }
 }
 
 }  // namespace tandem::testing

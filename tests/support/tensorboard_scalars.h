@@ -21,4 +21,8 @@ using TensorBoardScalars = std::map<std::string, std::vector<ScalarPoint>>;
 // missing (the message says to run scripts/install-python-tools) or the reader fails.
 TensorBoardScalars read_tensorboard_scalars(const std::string& log_dir);
 
+// Expects TensorBoard to hold exactly `expected` for `tag`, step for step and value for value.
+void expect_scalars(const TensorBoardScalars& scalars, const std::string& tag,
+                    const std::vector<ScalarPoint>& expected);
+
 }  // namespace tandem::testing
