@@ -1,0 +1,92 @@
+// `tandem train`'s TensorBoard scalars as TensorBoard reads them (issue 15's contract): the per-epoch tags at
+// metrics.jsonl's "step" and the per-step tags at steps.jsonl's "step", value for value after rounding to
+// float32. A run whose rank is killed and restarted by `tandem run` shows each step once: the resumed run's
+// SessionLog START purges the killed run's steps after its checkpoint.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "support/processes.h"
+#include "support/scratch_dir.h"
+#include "support/tensorboard_scalars.h"
+#include "support/tiny_datasets.h"
+
+namespace tandem::testing {
+namespace {
+
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "missing " << path;
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// Each line's `key` at the line's "step", rounded to float32 as TensorBoard stores scalars.
+std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key) {
+  std::vector<ScalarPoint> points;
+  for (const nlohmann::json& line : lines) {
+    points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
+  }
+  return points;
+}
+
+// Runs `tandem run --nproc-per-node 2 LAUNCHER_ARGS -- tandem train` on 160 tiny MNIST samples (batch 16 per
+// rank: 5 steps per epoch) with a test split, so every per-epoch tag is written.
+void train_two_ranks(const std::string& run_dir, int epochs, const std::vector<std::string>& launcher_args,
+                     const std::vector<std::string>& train_args, const std::map<std::string, std::string>& env) {
+  std::vector<std::string> argv = {tandem_cli(), "run", "--nproc-per-node", "2"};
+  argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+  const std::vector<std::string> train = {
+      "--", tandem_cli(), "train", "--data", write_tiny_mnist("tensorboard_data", 160, 45),
+      "--epochs", std::to_string(epochs), "--batch-size", "16", "--threads", "1", "--lr", "0.05", "--seed", "3",
+      "--timeout", "60", "--run-dir", run_dir};
+  argv.insert(argv.end(), train.begin(), train.end());
+  argv.insert(argv.end(), train_args.begin(), train_args.end());
+  const ProcessResult result = run_process(argv, env, std::chrono::seconds(180));
+  ASSERT_FALSE(result.timed_out) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+}
+
+// TensorBoard's view of RUN_DIR equals its metrics.jsonl and steps.jsonl.
+void expect_tensorboard_matches_jsonl(const std::string& run_dir, int epochs) {
+  const std::vector<nlohmann::json> metrics = read_json_lines(run_dir + "/metrics.jsonl");
+  const std::vector<nlohmann::json> steps = read_json_lines(run_dir + "/steps.jsonl");
+  ASSERT_EQ(metrics.size(), static_cast<size_t>(epochs));
+  ASSERT_EQ(steps.size(), static_cast<size_t>(epochs * 5));
+  const TensorBoardScalars scalars = read_tensorboard_scalars(run_dir);
+
+  std::set<std::string> tags;
+  for (const auto& [tag, points] : scalars) tags.insert(tag);
+  EXPECT_EQ(tags, (std::set<std::string>{"loss", "accuracy", "learning_rate", "samples_per_second", "epoch",
+                                         "step/loss", "step/learning_rate"}));
+  expect_scalars(scalars, "loss", points_of(metrics, "loss"));
+  expect_scalars(scalars, "accuracy", points_of(metrics, "accuracy"));
+  expect_scalars(scalars, "learning_rate", points_of(metrics, "lr"));
+  expect_scalars(scalars, "samples_per_second", points_of(metrics, "samples_per_second"));
+  expect_scalars(scalars, "epoch", points_of(metrics, "epoch"));
+  expect_scalars(scalars, "step/loss", points_of(steps, "loss"));
+  expect_scalars(scalars, "step/learning_rate", points_of(steps, "lr"));
+}
+
+TEST(TrainTensorBoard, ScalarsEqualTheMetricsAndStepsFiles) {
+  ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 2, {}, {}, {}));
+  expect_tensorboard_matches_jsonl(run_dir, 2);
+}
+
+TEST(TrainTensorBoard, RunRestartedAfterAKillShowsEachStepOnce) {
+  // Rank 1 dies before step 14; `tandem run` restarts both ranks, which continue from step 12's checkpoint.
+  // The killed run's rank 0 may have logged step 13, and the resumed run logs it again.
+  ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 3, {"--max-restarts", "1"}, {"--checkpoint-every", "2"},
+                                          {{"TANDEM_KILL_AT", "step:1:14"}}));
+  expect_tensorboard_matches_jsonl(run_dir, 3);
+}
+
+}  // namespace
+}  // namespace tandem::testing

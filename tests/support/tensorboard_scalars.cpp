@@ -1,0 +1,51 @@
+#include "support/tensorboard_scalars.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "support/processes.h"
+
+namespace tandem::testing {
+
+TensorBoardScalars read_tensorboard_scalars(const std::string& log_dir) {
+  // TANDEM_FIXTURE_DIR is <checkout>/tests/fixtures.
+  const std::filesystem::path checkout = std::filesystem::path(TANDEM_FIXTURE_DIR).parent_path().parent_path();
+  const std::filesystem::path python = checkout / ".venv/bin/python";
+  if (!std::filesystem::exists(python)) {
+    throw std::runtime_error("no " + python.string() + ": run scripts/install-python-tools");
+  }
+  const ProcessResult result =
+      run_process({python.string(), (checkout / "tests/monitor/read_tensorboard.py").string(), log_dir}, {},
+                  std::chrono::seconds(60));
+  if (result.timed_out || result.exit_code != 0) {
+    throw std::runtime_error("read_tensorboard.py " + log_dir + " failed:\n" + result.output);
+  }
+  // The JSON is the last line; TensorBoard may log to stderr before it (a purge, say).
+  std::string output = result.output;
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  const nlohmann::json parsed =
+      nlohmann::json::parse(output.substr(output.rfind('\n') + 1), nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) throw std::runtime_error("read_tensorboard.py printed no JSON:\n" + result.output);
+  TensorBoardScalars scalars;
+  for (const auto& [tag, points] : parsed.items()) {
+    for (const auto& point : points) scalars[tag].push_back({point.at(0).get<int64_t>(), point.at(1).get<double>()});
+  }
+  return scalars;
+}
+
+void expect_scalars(const TensorBoardScalars& scalars, const std::string& tag,
+                    const std::vector<ScalarPoint>& expected) {
+  const auto found = scalars.find(tag);
+  ASSERT_NE(found, scalars.end()) << "TensorBoard read no tag " << tag;
+  const std::vector<ScalarPoint>& actual = found->second;
+  ASSERT_EQ(actual.size(), expected.size()) << tag;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(actual[i].step, expected[i].step) << tag << " point " << i;
+    EXPECT_EQ(actual[i].value, expected[i].value) << tag << " at step " << expected[i].step;
+  }
+}
+
+}  // namespace tandem::testing
