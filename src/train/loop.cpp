@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -310,6 +312,15 @@ TrainResult Run::execute() {
 
 // Every rank's clock starts where a barrier returned, so that the ranks' lanes line up in the trace.
 void Run::start_timeline() {
+  // Found out now rather than after the window's steps.
+  comm::run_on_all_ranks(communicator_, "to prepare the timeline", [&] {
+    if (!is_main_) return;
+    const std::filesystem::path folder = std::filesystem::absolute(options_.timeline_path).parent_path();
+    if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0) {
+      throw InvalidArgument(fmt::format("--timeline {}: cannot write into {}; create it or choose another file",
+                                        options_.timeline_path, folder.string()));
+    }
+  });
   timeline_ = std::make_unique<monitor::Timeline>(options_.timeline_steps);
   if (communicator_) communicator_->barrier()->wait();
   timeline_->set_origin(monitor::TimelineClock::now());

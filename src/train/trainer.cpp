@@ -147,6 +147,10 @@ std::string describe(const TrainOptions& o, int world_size) {
                       : fmt::format("at epoch ends{}; the newest {} kept",
                                     o.checkpoint_every > 0 ? fmt::format(" and every {} steps", o.checkpoint_every) : "",
                                     o.keep_checkpoints > 0 ? std::to_string(o.keep_checkpoints) : "all"));
+  line("records", fmt::format("metrics.jsonl, steps.jsonl{}{}", o.tensorboard ? ", TensorBoard events" : "",
+                              o.report ? ", report.html at the end" : ""));
+  line("timeline", o.timeline_path.empty() ? "no"
+                   : fmt::format("steps {}-{} to {}", o.timeline_steps.first, o.timeline_steps.last, o.timeline_path));
   return out;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// What rank 0 writes into the run directory as training goes (docs/run_directory.md): metrics.jsonl per epoch
+// What rank 0 writes into the run directory as training goes (docs/monitoring.md): metrics.jsonl per epoch
 // and steps.jsonl per step (train/metrics.h), the same scalars as a TensorBoard event file, and, at the end,
 // report.html drawn from them (monitor/report.h).
 //
