@@ -185,12 +185,6 @@ std::string json_for_script(const json& value) {
   return escaped;
 }
 
-// The embedded files end with a link to their source map, which the report does not carry.
-std::string_view without_source_map(std::string_view text) {
-  const size_t link = text.rfind("# sourceMappingURL=");
-  return link == std::string_view::npos ? text : text.substr(0, text.rfind('\n', link) + 1);
-}
-
 std::string run_name(const std::string& run_dir) {
   std::filesystem::path path = std::filesystem::absolute(run_dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
@@ -343,14 +337,25 @@ constexpr const char* kPageScript = R"js(
 })();
 )js";
 
-std::string_view dygraphs_or_throw(std::string_view (*asset)()) {
+struct DygraphsFiles {
+  std::string_view script;
+  std::string_view style;
+};
+
 #if TANDEM_HAVE_DYGRAPHS
-  return without_source_map(asset());
+// The embedded files end with a link to their source map, which the report does not carry.
+std::string_view without_source_map(std::string_view text) {
+  const size_t link = text.rfind("# sourceMappingURL=");
+  return link == std::string_view::npos ? text : text.substr(0, text.rfind('\n', link) + 1);
+}
+
+DygraphsFiles dygraphs_files() { return {without_source_map(dygraphs_script()), without_source_map(dygraphs_style())}; }
 #else
+DygraphsFiles dygraphs_files() {
   throw UnsupportedError("this tandem was built without libjs-dygraphs: install it (apt-get install libjs-dygraphs) "
                          "and rebuild");
-#endif
 }
+#endif
 
 }  // namespace
 
@@ -359,16 +364,15 @@ std::string default_report_path(const std::string& run_dir) {
 }
 
 std::string render_report(const RunRecords& records) {
-  const std::string_view script = dygraphs_or_throw(&dygraphs_script);
-  const std::string_view style = dygraphs_or_throw(&dygraphs_style);
+  const DygraphsFiles dygraphs = dygraphs_files();
   std::vector<std::string> notes = records.notes;
   const std::vector<Chart> charts = build_charts(records, notes);
   const std::string name = html_escape(run_name(records.run_dir));
 
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   html += fmt::format("<title>tandem report: {}</title>\n", name);
-  html += fmt::format("<style>\n{}\n</style>\n<style>{}</style>\n", style, kPageStyle);
-  html += fmt::format("<script>\n{}\n</script>\n</head>\n", script);
+  html += fmt::format("<style>\n{}\n</style>\n<style>{}</style>\n", dygraphs.style, kPageStyle);
+  html += fmt::format("<script>\n{}\n</script>\n</head>\n", dygraphs.script);
   html += fmt::format("<body data-charts-expected=\"{}\" data-charts-drawn=\"0\">\n", charts.size());
   html += fmt::format("<header>\n<h1>tandem report: {}</h1>\n<div class=\"run-dir\">{}</div>\n", name,
                       html_escape(records.run_dir));
