@@ -12,7 +12,6 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
 #include "tandem/config.h"
 #include "tandem/monitor/dygraphs_bundle.h"
@@ -106,6 +105,19 @@ Chart step_and_epoch_chart(const RunRecords& records, const StepAndEpochChart& w
   return chart;
 }
 
+const StepAndEpochChart kLossChart = {
+    "loss", "Training loss", "loss",
+    "per step: averaged over the ranks (steps.jsonl); epoch mean: at the step that ended the epoch (metrics.jsonl)",
+    &StepRecord::loss, &EpochRecord::loss, "epoch mean", /*epoch_is_mean=*/true};
+const StepAndEpochChart kLrChart = {
+    "lr", "Learning rate", "learning rate", "per step (steps.jsonl); epoch: the rate it trained with (metrics.jsonl)",
+    &StepRecord::lr, &EpochRecord::lr, "epoch", /*epoch_is_mean=*/false};
+const StepAndEpochChart kThroughputChart = {
+    "throughput", "Throughput, all ranks", "samples/s",
+    "per step: the step's samples over its wall time (steps.jsonl); epoch mean: over the epoch's training time "
+    "(metrics.jsonl)",
+    &StepRecord::samples_per_second, &EpochRecord::samples_per_second, "epoch mean", /*epoch_is_mean=*/true};
+
 Chart accuracy_chart(const RunRecords& records) {
   Chart chart("accuracy", "Test accuracy", "epoch", "accuracy (%)",
               "after each epoch, on the whole test set (metrics.jsonl); epochs count from 0");
@@ -128,7 +140,9 @@ Chart step_time_chart(const RunRecords& records) {
               "rank r: from the start of its step to the loss all-reduce (forward, backward, gradient all-reduce); "
               "whole step: rank 0's wall time (steps.jsonl)");
   std::vector<size_t> ranks;
-  for (size_t rank = 0; rank < world_size(records); ++rank) ranks.push_back(chart.add_series(fmt::format("rank {}", rank)));
+  for (size_t rank = 0; rank < world_size(records); ++rank) {
+    ranks.push_back(chart.add_series(fmt::format("rank {}", rank)));
+  }
   const size_t whole = chart.add_series("whole step");
   for (const StepRecord& step : records.steps) {
     for (size_t rank = 0; rank < step.rank_seconds.size(); ++rank) {
@@ -142,18 +156,11 @@ Chart step_time_chart(const RunRecords& records) {
 // Every chart the records can fill, in the page's order; a note for each one they cannot.
 std::vector<Chart> build_charts(const RunRecords& records, std::vector<std::string>& notes) {
   std::vector<Chart> charts;
-  charts.push_back(step_and_epoch_chart(
-      records, {"loss", "Training loss", "loss", "per step: averaged over the ranks (steps.jsonl); epoch mean: at the "
-                "step that ended the epoch (metrics.jsonl)", &StepRecord::loss, &EpochRecord::loss, "epoch mean", true}));
+  charts.push_back(step_and_epoch_chart(records, kLossChart));
   charts.push_back(accuracy_chart(records));
   if (charts.back().empty() && !records.epochs.empty()) notes.push_back("no test set: no accuracy chart");
-  charts.push_back(step_and_epoch_chart(
-      records, {"lr", "Learning rate", "learning rate", "per step (steps.jsonl); epoch: the rate it trained with "
-                "(metrics.jsonl)", &StepRecord::lr, &EpochRecord::lr, "epoch", false}));
-  charts.push_back(step_and_epoch_chart(
-      records, {"throughput", "Throughput, all ranks", "samples/s", "per step: the step's samples over its wall "
-                "time (steps.jsonl); epoch mean: over the epoch's training time (metrics.jsonl)",
-                &StepRecord::samples_per_second, &EpochRecord::samples_per_second, "epoch mean", true}));
+  charts.push_back(step_and_epoch_chart(records, kLrChart));
+  charts.push_back(step_and_epoch_chart(records, kThroughputChart));
   charts.push_back(step_time_chart(records));
   if (records.epochs.empty()) notes.push_back("metrics.jsonl holds no finished epoch yet");
   charts.erase(std::remove_if(charts.begin(), charts.end(), [](const Chart& chart) { return chart.empty(); }),
@@ -205,8 +212,8 @@ std::string summary_html(const RunRecords& records) {
     items.emplace_back("final loss", number_text(last.loss));
     if (last.accuracy) items.emplace_back("final accuracy", number_text(100 * *last.accuracy) + " %");
     items.emplace_back("last epoch samples/s", number_text(last.samples_per_second));
-    const double seconds = std::accumulate(records.epochs.begin(), records.epochs.end(), 0.0,
-                                           [](double sum, const EpochRecord& epoch) { return sum + epoch.train_seconds; });
+    double seconds = 0;
+    for (const EpochRecord& epoch : records.epochs) seconds += epoch.train_seconds;
     items.emplace_back("training time", number_text(seconds) + " s");
   }
   std::string html = "<dl class=\"summary\">\n";
@@ -229,14 +236,17 @@ std::string timeline_html(const TimelineSummary& timeline) {
                           {"optimizer", &RankPhases::optimizer_ms}};
   double longest = 0;
   for (const RankPhases& rank : timeline.ranks) longest = std::max(longest, rank.step_ms);
-  auto share = [longest](double ms) { return longest > 0 && std::isfinite(ms) ? std::max(0.0, 100 * ms / longest) : 0.0; };
+  auto share = [longest](double ms) {
+    return longest > 0 && std::isfinite(ms) ? std::max(0.0, 100 * ms / longest) : 0.0;
+  };
 
   std::string html = "<section id=\"timeline\">\n<h2>Timeline</h2>\n";
   html += fmt::format("<p>Means per step over steps {} to {} on {} ranks, from <code>{}</code>.</p>\n",
                       timeline.first_step, timeline.last_step, timeline.world_size, html_escape(timeline.trace));
   html += "<div class=\"bars\">\n";
   for (const RankPhases& rank : timeline.ranks) {
-    html += fmt::format("<div class=\"bar-row\"><span class=\"bar-label\">rank {}</span><div class=\"bar\">", rank.rank);
+    html += fmt::format("<div class=\"bar-row\"><span class=\"bar-label\">rank {}</span><div class=\"bar\">",
+                        rank.rank);
     double drawn = 0;
     for (const Phase& phase : phases) {
       const double ms = rank.*phase.ms;

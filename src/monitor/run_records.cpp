@@ -17,6 +17,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
+
 // Thrown by the field readers below; for_each_json_line adds the file and line.
 struct FieldError : InvalidArgument {
   using InvalidArgument::InvalidArgument;
@@ -26,7 +28,7 @@ struct FieldError : InvalidArgument {
 // both read as NaN, which the report draws as a gap.
 double number(const json& object, const char* key) {
   const auto field = object.find(key);
-  if (field == object.end() || field->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (field == object.end() || field->is_null()) return kNoValue;
   if (!field->is_number()) throw FieldError(fmt::format("\"{}\" is not a number", key));
   return field->get<double>();
 }
@@ -101,7 +103,7 @@ std::vector<StepRecord> read_steps(const std::string& path, std::vector<std::str
     if (!rank_seconds.is_array()) throw FieldError("\"rank_seconds\" is not a list");
     for (const json& seconds : rank_seconds) {
       if (!seconds.is_number() && !seconds.is_null()) throw FieldError("\"rank_seconds\" holds a non-number");
-      record.rank_seconds.push_back(seconds.is_null() ? std::numeric_limits<double>::quiet_NaN() : seconds.get<double>());
+      record.rank_seconds.push_back(seconds.is_null() ? kNoValue : seconds.get<double>());
     }
     by_step[record.step] = std::move(record);
   });
