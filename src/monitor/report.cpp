@@ -3,18 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "tandem/config.h"
 #include "tandem/monitor/dygraphs_bundle.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 
 namespace tandem::monitor {
@@ -409,16 +406,7 @@ std::string render_report(const RunRecords& records) {
 }
 
 void write_report(const std::string& run_dir, const std::string& html_path) {
-  const std::string html = render_report(read_run_records(run_dir));
-  const std::string temp = html_path + ".tmp";
-  std::ofstream file(temp, std::ios::binary | std::ios::trunc);
-  file << html;
-  file.close();
-  if (!file || std::rename(temp.c_str(), html_path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temp.c_str());
-    throw Error(fmt::format("cannot write the report {}: {}", html_path, reason));
-  }
+  write_file_atomically(html_path, render_report(read_run_records(run_dir)));
 }
 
 }  // namespace tandem::monitor

@@ -27,7 +27,7 @@
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
 #include "tandem/train/run_directory.h"
-#include "tandem/train/run_records.h"
+#include "tandem/train/run_recorder.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
@@ -153,7 +153,7 @@ class Run {
   std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
   std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
-  std::unique_ptr<RunRecords> records_;  // rank 0's
+  std::unique_ptr<RunRecorder> records_;  // rank 0's
   std::unique_ptr<monitor::Timeline> timeline_;
   bool timeline_written_ = false;
   std::unique_ptr<ProgressReporter> progress_;
@@ -281,8 +281,8 @@ TrainResult Run::execute() {
   const int64_t batches_per_epoch = make_loaders();
   comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
     if (is_main_) {
-      records_ = std::make_unique<RunRecords>(options_.run_dir, resumed_.epoch, resumed_.step,
-                                              RunRecordsOptions{options_.tensorboard, eval_set_ != nullptr});
+      records_ = std::make_unique<RunRecorder>(options_.run_dir, resumed_.epoch, resumed_.step,
+                                              RunRecorderOptions{options_.tensorboard, eval_set_ != nullptr});
     }
   });
   if (!options_.timeline_path.empty()) start_timeline();

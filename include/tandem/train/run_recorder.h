@@ -16,16 +16,16 @@
 
 namespace tandem::train {
 
-struct RunRecordsOptions {
+struct RunRecorderOptions {
   bool tensorboard = true;
   bool has_eval_set = true;  // whether epochs have an accuracy to record
 };
 
-class RunRecords {
+class RunRecorder {
  public:
   // Opens the run's files to continue after `resumed_epoch` epochs and `resumed_step` steps (0, 0: a new run).
   // Throws Error naming a file that cannot be written.
-  RunRecords(const std::string& run_dir, int resumed_epoch, int64_t resumed_step, RunRecordsOptions options);
+  RunRecorder(const std::string& run_dir, int resumed_epoch, int64_t resumed_step, RunRecorderOptions options);
 
   // Called inside a step, where a throw on rank 0 alone would leave the other ranks waiting in their next
   // collective: a failure to write is kept and thrown by the next record_epoch instead, which every rank reaches
@@ -37,7 +37,7 @@ class RunRecords {
 
  private:
   std::string run_dir_;
-  RunRecordsOptions options_;
+  RunRecorderOptions options_;
   JsonLinesFile epochs_;
   JsonLinesFile steps_;
   std::unique_ptr<monitor::SummaryWriter> tensorboard_;

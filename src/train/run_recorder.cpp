@@ -1,10 +1,10 @@
-#include "tandem/train/run_records.h"
+#include "tandem/train/run_recorder.h"
 
 #include "tandem/monitor/report.h"
 
 namespace tandem::train {
 
-RunRecords::RunRecords(const std::string& run_dir, int resumed_epoch, int64_t resumed_step, RunRecordsOptions options)
+RunRecorder::RunRecorder(const std::string& run_dir, int resumed_epoch, int64_t resumed_step, RunRecorderOptions options)
     : run_dir_(run_dir),
       options_(options),
       epochs_(run_dir + "/metrics.jsonl", "epoch", resumed_epoch),
@@ -14,7 +14,7 @@ RunRecords::RunRecords(const std::string& run_dir, int resumed_epoch, int64_t re
   if (resumed_step > 0) tensorboard_->add_session_start(resumed_step + 1);
 }
 
-void RunRecords::record_step(const StepMetrics& m) noexcept {
+void RunRecorder::record_step(const StepMetrics& m) noexcept {
   if (step_failure_) return;
   try {
     steps_.append(to_json_line(m));
@@ -26,7 +26,7 @@ void RunRecords::record_step(const StepMetrics& m) noexcept {
   }
 }
 
-void RunRecords::record_epoch(const EpochMetrics& m) {
+void RunRecorder::record_epoch(const EpochMetrics& m) {
   if (step_failure_) std::rethrow_exception(step_failure_);
   epochs_.append(to_json_line(m));
   if (!tensorboard_) return;
@@ -37,8 +37,8 @@ void RunRecords::record_epoch(const EpochMetrics& m) {
   tensorboard_->add_scalar("epoch", m.epoch, m.step);
 }
 
-std::string RunRecords::write_report() {
-  const std::string path = run_dir_ + "/report.html";
+std::string RunRecorder::write_report() {
+  const std::string path = monitor::default_report_path(run_dir_);
   monitor::write_report(run_dir_, path);
   return path;
 }
