@@ -11,19 +11,17 @@
 namespace tandem {
 namespace {
 
-[[noreturn]] void throw_io(const std::string& what, const std::string& path) {
-  throw Error(what + " " + path + ": " + std::strerror(errno));
-}
-
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
+// Returns false with errno set when a write fails.
+bool write_all(int fd, const void* data, size_t size) {
   const char* bytes = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd, bytes, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_io("cannot write", path);
+    if (n < 0) return false;
     bytes += n;
     size -= static_cast<size_t>(n);
   }
+  return true;
 }
 
 std::string parent_dir(const std::string& path) {
@@ -35,12 +33,18 @@ std::string parent_dir(const std::string& path) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::function<void(const FileAppender& append)>& write) {
+  // Every failure names the file the caller asked for first, then the step that failed.
+  const auto throw_io = [&](const std::string& failed_step) {
+    throw Error("cannot write " + path + ": " + failed_step + ": " + std::strerror(errno));
+  };
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_io("cannot create", temp);
+  if (fd < 0) throw_io("cannot create " + temp);
   try {
-    write([&](const void* data, size_t size) { write_all(fd, data, size, temp); });
-    if (::fsync(fd) != 0) throw_io("cannot fsync", temp);
+    write([&](const void* data, size_t size) {
+      if (!write_all(fd, data, size)) throw_io("cannot write " + temp);
+    });
+    if (::fsync(fd) != 0) throw_io("cannot fsync " + temp);
   } catch (...) {
     ::close(fd);
     ::unlink(temp.c_str());
@@ -48,22 +52,22 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   }
   if (::close(fd) != 0) {
     ::unlink(temp.c_str());
-    throw_io("cannot close", temp);
+    throw_io("cannot close " + temp);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     ::unlink(temp.c_str());
-    throw_io("cannot rename " + temp + " to", path);
+    throw_io("cannot rename " + temp + " over it");
   }
   // The rename itself is durable only once the directory entry is on disk. File systems that cannot sync a
   // directory at all say EINVAL, and there is nothing more to do.
   const std::string dir_path = parent_dir(path);
   const int dir = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) throw_io("cannot open directory " + dir_path + " to fsync it after writing", path);
+  if (dir < 0) throw_io("cannot open its directory " + dir_path + " to fsync it");
   const bool synced = ::fsync(dir) == 0 || errno == EINVAL;
   const int fsync_errno = errno;
   ::close(dir);
   errno = fsync_errno;
-  if (!synced) throw_io("cannot fsync directory " + dir_path + " after writing", path);
+  if (!synced) throw_io("cannot fsync directory " + dir_path);
 }
 
 void write_file_atomically(const std::string& path, const std::string& contents) {

@@ -224,7 +224,7 @@ TEST(LineBuffer, ACarriageReturnBeforeTheNewlineEndsTheLineItFollows) {
   LineBuffer buffer;
   std::vector<std::pair<std::string, bool>> seen;
   auto sink = [&](const std::string& line, bool partial) { seen.emplace_back(line, partial); };
-  buffer.feed("windows\r\nunix\n", 15, sink);
+  buffer.feed("windows\r\nunix\n", 14, sink);
   buffer.feed("bar\r", 4, sink);
   buffer.flush(sink);
   const std::vector<std::pair<std::string, bool>> expected{{"windows", false}, {"unix", false}, {"bar", false}};

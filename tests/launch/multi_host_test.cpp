@@ -91,7 +91,7 @@ TEST(MultiHost, LosingAHostEndsTheOtherWithinTheTimeoutNamingTheLostRank) {
   testing::BackgroundProcess cut_off(launch_on(hosts, 1, {}, train_flags(1)));
 
   // Both ranks are training once rank 0 has finished a step.
-  const std::regex trained_a_step("step [1-9][0-9]*/");
+  const std::regex trained_a_step("batch [1-9][0-9]*/");
   const auto give_up = std::chrono::steady_clock::now() + kJobDeadline;
   while (!std::regex_search(read_file(dir / "logs0/rank0.log"), trained_a_step)) {
     ASSERT_LT(std::chrono::steady_clock::now(), give_up)

@@ -64,10 +64,11 @@ TEST(TrainTimeline, HoldsOneAllReduceSpanPerBucketInsideEachRecordedStepOfEachRa
   }
   for (int rank = 0; rank < 2; ++rank) {
     for (int64_t step = 2; step <= 4; ++step) {
-      ASSERT_EQ(step_spans[{rank, step}].size(), 1u) << "rank " << rank << " step " << step;
-      const Interval whole = step_spans[{rank, step}][0];
+      const auto& steps = step_spans[std::make_pair(rank, step)];
+      ASSERT_EQ(steps.size(), 1u) << "rank " << rank << " step " << step;
+      const Interval whole = steps[0];
       for (int64_t bucket = 0; bucket < static_cast<int64_t>(buckets); ++bucket) {
-        const auto& spans = allreduce_spans[{rank, step, bucket}];
+        const auto& spans = allreduce_spans[std::make_tuple(rank, step, bucket)];
         ASSERT_EQ(spans.size(), 1u) << "rank " << rank << " step " << step << " bucket " << bucket;
         EXPECT_LE(whole.begin, spans[0].begin) << "rank " << rank << " step " << step << " bucket " << bucket;
         EXPECT_LE(spans[0].begin, spans[0].end);
