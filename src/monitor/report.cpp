@@ -225,14 +225,14 @@ std::string summary_html(const RunRecords& records) {
 std::string timeline_html(const TimelineSummary& timeline) {
   struct Phase {
     const char* name;
-    double RankPhases::*ms;
+    double RankTimelineSummary::*ms;
   };
-  const Phase phases[] = {{"forward", &RankPhases::forward_ms},
-                          {"backward", &RankPhases::backward_ms},
-                          {"waiting for all-reduce", &RankPhases::wait_ms},
-                          {"optimizer", &RankPhases::optimizer_ms}};
+  const Phase phases[] = {{"forward", &RankTimelineSummary::forward_ms},
+                          {"backward", &RankTimelineSummary::backward_ms},
+                          {"waiting for all-reduce", &RankTimelineSummary::wait_ms},
+                          {"optimizer", &RankTimelineSummary::optimizer_ms}};
   double longest = 0;
-  for (const RankPhases& rank : timeline.ranks) longest = std::max(longest, rank.step_ms);
+  for (const RankTimelineSummary& rank : timeline.ranks) longest = std::max(longest, rank.step_ms);
   auto share = [longest](double ms) {
     return longest > 0 && std::isfinite(ms) ? std::max(0.0, 100 * ms / longest) : 0.0;
   };
@@ -241,7 +241,7 @@ std::string timeline_html(const TimelineSummary& timeline) {
   html += fmt::format("<p>Means per step over steps {} to {} on {} ranks, from <code>{}</code>.</p>\n",
                       timeline.first_step, timeline.last_step, timeline.world_size, html_escape(timeline.trace));
   html += "<div class=\"bars\">\n";
-  for (const RankPhases& rank : timeline.ranks) {
+  for (const RankTimelineSummary& rank : timeline.ranks) {
     html += fmt::format("<div class=\"bar-row\"><span class=\"bar-label\">rank {}</span><div class=\"bar\">",
                         rank.rank);
     double drawn = 0;
@@ -266,13 +266,13 @@ std::string timeline_html(const TimelineSummary& timeline) {
                       "<th>forward ms</th><th>backward ms</th><th>all-reduce ms</th><th>hidden ms</th>"
                       "<th>waited ms</th><th>optimizer ms</th><th>hidden share</th></tr>\n",
                       timeline.ranks.size());
-  for (const RankPhases& rank : timeline.ranks) {
+  for (const RankTimelineSummary& rank : timeline.ranks) {
     html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
                         "<td>{} %</td></tr>\n",
                         rank.rank, number_text(rank.step_ms), number_text(rank.forward_ms),
                         number_text(rank.backward_ms), number_text(rank.allreduce_ms),
                         number_text(rank.allreduce_hidden_ms), number_text(rank.wait_ms),
-                        number_text(rank.optimizer_ms), number_text(100 * rank.hidden_share));
+                        number_text(rank.optimizer_ms), number_text(100 * rank.hidden_share()));
   }
   return html + "</table>\n</section>\n";
 }

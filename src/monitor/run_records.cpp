@@ -130,7 +130,7 @@ TimelineSummary read_timeline(const std::string& path) {
     if (!ranks.is_array()) throw FieldError("\"ranks\" is not a list");
     for (const json& rank : ranks) {
       if (!rank.is_object()) throw FieldError("\"ranks\" holds a non-object");
-      RankPhases phases;
+      RankTimelineSummary phases;
       phases.rank = static_cast<int>(whole_number(rank, "rank"));
       phases.step_ms = number(rank, "step_ms");
       phases.forward_ms = number(rank, "forward_ms");
@@ -139,7 +139,6 @@ TimelineSummary read_timeline(const std::string& path) {
       phases.allreduce_hidden_ms = number(rank, "allreduce_hidden_ms");
       phases.wait_ms = number(rank, "wait_ms");
       phases.optimizer_ms = number(rank, "optimizer_ms");
-      phases.hidden_share = number(rank, "hidden_share");
       timeline.ranks.push_back(phases);
     }
     return timeline;

@@ -152,27 +152,4 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& spans_per_ra
   return nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump();
 }
 
-std::string timeline_summary_json(const std::vector<RankTimelineSummary>& summaries, const StepWindow& window,
-                                  const std::string& trace_path) {
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (const RankTimelineSummary& s : summaries) {
-    ranks.push_back({{"rank", s.rank},
-                     {"steps", s.steps},
-                     {"step_ms", s.step_ms},
-                     {"forward_ms", s.forward_ms},
-                     {"backward_ms", s.backward_ms},
-                     {"allreduce_ms", s.allreduce_ms},
-                     {"allreduce_hidden_ms", s.allreduce_hidden_ms},
-                     {"wait_ms", s.wait_ms},
-                     {"optimizer_ms", s.optimizer_ms},
-                     {"hidden_share", s.hidden_share()}});
-  }
-  nlohmann::ordered_json summary = {{"trace", trace_path},
-                                    {"first_step", window.first},
-                                    {"last_step", window.last},
-                                    {"world_size", summaries.size()},
-                                    {"ranks", std::move(ranks)}};
-  return summary.dump(2) + "\n";
-}
-
 }  // namespace tandem::monitor

@@ -334,13 +334,14 @@ void Run::write_timeline() {
   const std::vector<std::vector<monitor::Span>> spans = monitor::gather_timelines(communicator_, *timeline_);
   comm::run_on_all_ranks(communicator_, "to write the timeline", [&] {
     if (!is_main_) return;
-    std::vector<monitor::RankTimelineSummary> summaries;
+    monitor::TimelineSummary summary{options_.timeline_path, options_.timeline_steps.first,
+                                     options_.timeline_steps.last, world_, {}};
     for (size_t rank = 0; rank < spans.size(); ++rank) {
-      summaries.push_back(monitor::summarize_timeline(spans[rank], static_cast<int>(rank)));
+      summary.ranks.push_back(monitor::summarize_timeline(spans[rank], static_cast<int>(rank)));
     }
     write_file_atomically(options_.timeline_path, monitor::chrome_trace_json(spans));
-    write_file_atomically(options_.run_dir + "/timeline_summary.json",
-                          monitor::timeline_summary_json(summaries, options_.timeline_steps, options_.timeline_path));
+    write_file_atomically(options_.run_dir + "/timeline_summary.json", monitor::to_json(summary));
+    const std::vector<monitor::RankTimelineSummary>& summaries = summary.ranks;
     if (summaries.empty() || summaries[0].steps == 0) {
       log::main_info("timeline: the run had no step in {}-{}; {} holds no steps", options_.timeline_steps.first,
                      options_.timeline_steps.last, options_.timeline_path);

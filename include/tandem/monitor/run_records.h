@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/monitor/timeline_summary.h"
+
 namespace tandem::monitor {
 
 // One line of metrics.jsonl. Numbers a run could not compute (a NaN loss, written as null) read as NaN.
@@ -33,27 +35,6 @@ struct StepRecord {
   double seconds = 0;  // rank 0's wall time for the whole step
   double samples_per_second = 0;
   std::vector<double> rank_seconds;  // rank r's time from its step's start to the loss all-reduce
-};
-
-// One rank's row of timeline_summary.json: milliseconds per step, means over the window.
-struct RankPhases {
-  int rank = 0;
-  double step_ms = 0;
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double allreduce_ms = 0;
-  double allreduce_hidden_ms = 0;  // the part of allreduce_ms that overlapped backward
-  double wait_ms = 0;              // the part the rank waited for
-  double optimizer_ms = 0;
-  double hidden_share = 0;  // allreduce_hidden_ms / allreduce_ms
-};
-
-struct TimelineSummary {
-  std::string trace;  // the Chrome trace file the summary was taken from
-  int64_t first_step = 0;
-  int64_t last_step = 0;
-  int world_size = 0;
-  std::vector<RankPhases> ranks;
 };
 
 struct RunRecords {

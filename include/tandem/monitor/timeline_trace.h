@@ -12,22 +12,9 @@
 
 #include "tandem/comm/communicator.h"
 #include "tandem/monitor/timeline.h"
+#include "tandem/monitor/timeline_summary.h"
 
 namespace tandem::monitor {
-
-struct RankTimelineSummary {
-  int rank = 0;
-  int64_t steps = 0;  // steps recorded in the window
-  // Means per step, in milliseconds.
-  double step_ms = 0;
-  double forward_ms = 0;
-  double backward_ms = 0;  // the wait at its end included
-  double allreduce_ms = 0;
-  double allreduce_hidden_ms = 0;
-  double wait_ms = 0;
-  double optimizer_ms = 0;
-  double hidden_share() const { return allreduce_ms > 0 ? allreduce_hidden_ms / allreduce_ms : 0; }
-};
 
 RankTimelineSummary summarize_timeline(const std::vector<Span>& spans, int rank);
 
@@ -38,9 +25,5 @@ std::vector<std::vector<Span>> gather_timelines(comm::Communicator* communicator
 // The Chrome trace of `spans_per_rank`: a process per rank, a thread per lane (the training lane, then one per
 // bucket), complete events ("ph":"X") in microseconds.
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& spans_per_rank);
-
-// RUN_DIR/timeline_summary.json's contents (docs/timeline.md): the window, the trace's path and each rank's means.
-std::string timeline_summary_json(const std::vector<RankTimelineSummary>& summaries, const StepWindow& window,
-                                  const std::string& trace_path);
 
 }  // namespace tandem::monitor
