@@ -220,17 +220,19 @@ std::string summary_html(const RunRecords& records) {
   return html + "</dl>\n";
 }
 
-// A rank's step as bars in proportion: forward, backward, the all-reduce time it waited for, the optimizer and
-// the rest. The all-reduce's hidden part runs during backward, so it adds no width.
+// A rank's step as bars in proportion: forward, backward until its wait, the all-reduce time it waited for at
+// the end of backward, the optimizer and the rest. The all-reduce's hidden part runs during backward, so it adds
+// no width.
 std::string timeline_html(const TimelineSummary& timeline) {
   struct Phase {
     const char* name;
-    double RankTimelineSummary::*ms;
+    double (*ms)(const RankTimelineSummary&);
   };
-  const Phase phases[] = {{"forward", &RankTimelineSummary::forward_ms},
-                          {"backward", &RankTimelineSummary::backward_ms},
-                          {"waiting for all-reduce", &RankTimelineSummary::wait_ms},
-                          {"optimizer", &RankTimelineSummary::optimizer_ms}};
+  const Phase phases[] = {
+      {"forward", [](const RankTimelineSummary& r) { return r.forward_ms; }},
+      {"backward", [](const RankTimelineSummary& r) { return r.backward_ms - r.wait_ms; }},
+      {"waiting for all-reduce", [](const RankTimelineSummary& r) { return r.wait_ms; }},
+      {"optimizer", [](const RankTimelineSummary& r) { return r.optimizer_ms; }}};
   double longest = 0;
   for (const RankTimelineSummary& rank : timeline.ranks) longest = std::max(longest, rank.step_ms);
   auto share = [longest](double ms) {
@@ -246,7 +248,7 @@ std::string timeline_html(const TimelineSummary& timeline) {
                         rank.rank);
     double drawn = 0;
     for (const Phase& phase : phases) {
-      const double ms = rank.*phase.ms;
+      const double ms = phase.ms(rank);
       drawn += std::isfinite(ms) ? ms : 0;
       html += fmt::format("<span class=\"phase-{}\" style=\"width:{:.3f}%\" title=\"{} {} ms\"></span>",
                           &phase - phases, share(ms), phase.name, number_text(ms));
@@ -263,7 +265,7 @@ std::string timeline_html(const TimelineSummary& timeline) {
   html += "<span><i class=\"phase-other\"></i>other</span></div>\n</div>\n";
 
   html += fmt::format("<table id=\"timeline-table\" data-rows=\"{}\">\n<tr><th>rank</th><th>step ms</th>"
-                      "<th>forward ms</th><th>backward ms</th><th>all-reduce ms</th><th>hidden ms</th>"
+                      "<th>forward ms</th><th>backward ms (wait included)</th><th>all-reduce ms</th><th>hidden ms</th>"
                       "<th>waited ms</th><th>optimizer ms</th><th>hidden share</th></tr>\n",
                       timeline.ranks.size());
   for (const RankTimelineSummary& rank : timeline.ranks) {
