@@ -11,7 +11,9 @@ RunRecorder::RunRecorder(const std::string& run_dir, int resumed_epoch, int64_t 
       steps_(run_dir + "/steps.jsonl", "step", resumed_step + 1) {
   if (!options_.tensorboard) return;
   tensorboard_ = std::make_unique<monitor::SummaryWriter>(run_dir);
-  if (resumed_step > 0) tensorboard_->add_session_start(resumed_step + 1);
+  // Also for a new run (step 1): a run dir reused without a checkpoint may hold an earlier run's events, and
+  // TensorBoard must forget them as metrics.jsonl and steps.jsonl do.
+  tensorboard_->add_session_start(resumed_step + 1);
 }
 
 void RunRecorder::record_step(const StepMetrics& m) noexcept {

@@ -4,6 +4,7 @@
 // SessionLog START purges the killed run's steps after its checkpoint.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -86,6 +87,20 @@ TEST(TrainTensorBoard, RunRestartedAfterAKillShowsEachStepOnce) {
   ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 3, {"--max-restarts", "1"}, {"--checkpoint-every", "2"},
                                           {{"TANDEM_KILL_AT", "step:1:14"}}));
   expect_tensorboard_matches_jsonl(run_dir, 3);
+}
+
+TEST(TrainTensorBoard, ARunDirReusedWithoutACheckpointShowsOnlyTheNewRun) {
+  // The first run's checkpoints are gone, so the second, shorter run starts afresh in the same directory: its
+  // jsonl files drop the first run's lines, and TensorBoard must drop the first run's events alike (its second
+  // epoch and steps 6-10 would otherwise show beside the new run's).
+  ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 2, {}, {}, {}));
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir)) {
+    if (entry.path().extension() == ".safetensors") std::filesystem::remove(entry.path());
+  }
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 1, {}, {}, {}));
+  expect_tensorboard_matches_jsonl(run_dir, 1);
 }
 
 }  // namespace
