@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,14 +19,13 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
-#include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/evaluation.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/train/run_recorder.h"
-#include "tandem/util/atomic_file.h"
+#include "tandem/train/run_timeline.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
@@ -121,8 +118,6 @@ class Run {
   void set_lr(int epoch);
   CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const CheckpointState& state);
-  void start_timeline();
-  void write_timeline();
   void write_report();
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
   // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
@@ -154,8 +149,8 @@ class Run {
   std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<RunRecorder> records_;  // rank 0's
-  std::unique_ptr<monitor::Timeline> timeline_;
-  bool timeline_written_ = false;
+  std::unique_ptr<RunTimeline> run_timeline_;
+  monitor::Timeline* timeline_ = nullptr;  // run_timeline_'s; null without one
   std::unique_ptr<ProgressReporter> progress_;
   CheckpointState resumed_;
   RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
@@ -285,7 +280,11 @@ TrainResult Run::execute() {
                                               RunRecorderOptions{options_.tensorboard, eval_set_ != nullptr});
     }
   });
-  if (!options_.timeline_path.empty()) start_timeline();
+  if (!options_.timeline_path.empty()) {
+    run_timeline_ = std::make_unique<RunTimeline>(options_.timeline_path, options_.timeline_steps, options_.run_dir,
+                                                  communicator_, ddp_model_ ? &ddp_model_->reducer() : nullptr);
+    timeline_ = run_timeline_->timeline();
+  }
   ProgressOptions progress_options;
   progress_options.enabled = is_main_ && options_.progress;
   progress_ = std::make_unique<ProgressReporter>(batches_per_epoch, options_.batch_size * world_,
@@ -304,54 +303,10 @@ TrainResult Run::execute() {
     const bool complete = progress.batches_done >= batches_per_epoch;
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
-  if (timeline_ && !timeline_written_) write_timeline();
+  if (run_timeline_) run_timeline_->finish(step_);
   if (options_.report) write_report();
   result.steps = step_;
   return result;
-}
-
-// Every rank's clock starts where a barrier returned, so that the ranks' lanes line up in the trace.
-void Run::start_timeline() {
-  // Found out now rather than after the window's steps.
-  comm::run_on_all_ranks(communicator_, "to prepare the timeline", [&] {
-    if (!is_main_) return;
-    const std::filesystem::path folder = std::filesystem::absolute(options_.timeline_path).parent_path();
-    if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0) {
-      throw InvalidArgument(fmt::format("--timeline {}: cannot write into {}; create it or choose another file",
-                                        options_.timeline_path, folder.string()));
-    }
-  });
-  timeline_ = std::make_unique<monitor::Timeline>(options_.timeline_steps);
-  if (communicator_) communicator_->barrier()->wait();
-  timeline_->set_origin(monitor::TimelineClock::now());
-  if (ddp_model_) ddp_model_->reducer().set_timeline(timeline_.get());
-}
-
-// Collective: at the same step on every rank (the window's end, or the run's).
-void Run::write_timeline() {
-  timeline_written_ = true;
-  if (ddp_model_) ddp_model_->reducer().set_timeline(nullptr);
-  const std::vector<std::vector<monitor::Span>> spans = monitor::gather_timelines(communicator_, *timeline_);
-  comm::run_on_all_ranks(communicator_, "to write the timeline", [&] {
-    if (!is_main_) return;
-    monitor::TimelineSummary summary{options_.timeline_path, options_.timeline_steps.first,
-                                     options_.timeline_steps.last, world_, {}};
-    for (size_t rank = 0; rank < spans.size(); ++rank) {
-      summary.ranks.push_back(monitor::summarize_timeline(spans[rank], static_cast<int>(rank)));
-    }
-    write_file_atomically(options_.timeline_path, monitor::chrome_trace_json(spans));
-    write_file_atomically(options_.run_dir + "/timeline_summary.json", monitor::to_json(summary));
-    const std::vector<monitor::RankTimelineSummary>& summaries = summary.ranks;
-    if (summaries.empty() || summaries[0].steps == 0) {
-      log::main_info("timeline: the run had no step in {}-{}; {} holds no steps", options_.timeline_steps.first,
-                     options_.timeline_steps.last, options_.timeline_path);
-    } else {
-      log::main_info("timeline of steps {}-{} written to {} ({:.0f}% of rank 0's all-reduce time hidden behind "
-                     "backward)",
-                     options_.timeline_steps.first, std::min(options_.timeline_steps.last, step_),
-                     options_.timeline_path, 100 * summaries[0].hidden_share());
-    }
-  });
 }
 
 // The training is done and saved by now: a report that cannot be drawn is worth a line, not a failed run.
@@ -440,7 +395,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   compat::drop_gradients(optimizer_);
   torch::Tensor loss;
   {
-    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kForward);
+    monitor::TimelineSpan span(timeline_, monitor::SpanKind::kForward);
     loss = in_precision([&] {
       torch::Tensor output = forward_for_training(batch.data);
       // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
@@ -450,7 +405,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   }
   if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
   {
-    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kBackward);
+    monitor::TimelineSpan span(timeline_, monitor::SpanKind::kBackward);
     scaler_.scale(loss).backward();
   }
   const StepStatistics stats = reduce_step_statistics(loss, seconds_since(start), rank_, communicator_);
@@ -463,7 +418,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   }
   bool stepped = false;
   {
-    monitor::TimelineSpan span(timeline_.get(), monitor::SpanKind::kOptimizer);
+    monitor::TimelineSpan span(timeline_, monitor::SpanKind::kOptimizer);
     stepped = scaler_.step(optimizer_);
     scaler_.update();
   }
@@ -476,7 +431,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
     records_->record_step({step_, epoch, batch_index, mean_loss, lr, scaler_.get_scale(), stepped, seconds,
                            seconds > 0 ? options_.batch_size * world_ / seconds : 0.0, stats.rank_seconds});
   }
-  if (timeline_ && timeline_->finished() && !timeline_written_) write_timeline();
+  if (run_timeline_) run_timeline_->after_step(step_);
   if (callbacks_.on_step) callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
   return mean_loss;
 }
