@@ -7,6 +7,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -49,13 +50,8 @@ JsonLinesFile::JsonLinesFile(std::string path, const std::string& key, int64_t f
       const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_object() && parsed.value(key, first_dropped) < first_dropped) kept += line + "\n";
     }
-    const std::string temp = path_ + ".tmp";
-    std::ofstream rewritten(temp, std::ios::trunc);
-    rewritten << kept;
-    rewritten.close();
-    if (!rewritten || std::rename(temp.c_str(), path_.c_str()) != 0) {
-      throw Error("cannot rewrite " + path_ + ": " + std::strerror(errno));
-    }
+    existing.close();
+    write_file_atomically(path_, kept);
   }
   file_ = std::fopen(path_.c_str(), "a");
   if (!file_) throw Error("cannot open " + path_ + " for appending: " + std::strerror(errno));
