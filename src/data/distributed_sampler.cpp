@@ -23,13 +23,18 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, DistributedSamplerO
                                          "] for num_replicas ", world));
   }
   // PyTorch: ceil(n / W) with padding; with drop_last and a remainder, ceil((n - W) / W), which is floor(n / W).
-  if (options_.drop_last) {
+  if (options_.drop_last && options_.uneven) {
+    throw InvalidArgument("DistributedSampler: drop_last and uneven exclude each other (uneven keeps every sample)");
+  }
+  // Rank r's position j holds global position r + j*W, which is real while it is < n.
+  const int64_t real_positions = std::max<int64_t>(0, (dataset_size - options_.rank + world - 1) / world);
+  if (options_.uneven) {
+    num_samples_ = real_positions;
+  } else if (options_.drop_last) {
     num_samples_ = dataset_size / world;
   } else {
     num_samples_ = (dataset_size + world - 1) / world;
   }
-  // Rank r's position j holds global position r + j*W, which is real while it is < n.
-  const int64_t real_positions = std::max<int64_t>(0, (dataset_size - options_.rank + world - 1) / world);
   real_count_ = std::min(num_samples_, real_positions);
 }
 

@@ -126,6 +126,27 @@ TEST(DistributedSampler, RanksCoverEveryIndexExactlyOnceAndPadAtTheEnd) {
   }
 }
 
+TEST(DistributedSampler, UnevenTakesEverySampleOnceWithoutPadding) {
+  for (int64_t n : {0, 1, 5, 11, 100}) {
+    for (int64_t world : {1, 3, 7}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " world=" + std::to_string(world));
+      std::map<int64_t, int64_t> seen;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        DistributedSampler sampler(n, DistributedSamplerOptions{world, rank, true, 7, false, /*uneven=*/true});
+        sampler.set_epoch(1);
+        const std::vector<int64_t> indices = sampler.indices();
+        EXPECT_EQ(static_cast<int64_t>(indices.size()), n / world + (rank < n % world ? 1 : 0));
+        EXPECT_EQ(sampler.num_samples(), static_cast<int64_t>(indices.size()));
+        EXPECT_EQ(sampler.padding_count(), 0);
+        for (int64_t index : indices) ++seen[index];
+      }
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), n);
+      for (const auto& [index, times] : seen) EXPECT_EQ(times, 1) << "index " << index;
+    }
+  }
+  EXPECT_THROW(DistributedSampler(10, DistributedSamplerOptions{2, 0, false, 0, true, true}), InvalidArgument);
+}
+
 TEST(DistributedSampler, PaddingLongerThanDatasetRepeatsCyclically) {
   // n=2 on 7 ranks: the padded list is p0 p1 p0 p1 p0 p1 p0 (PyTorch's second padding branch).
   const auto samplers = all_ranks(2, 7, false, false, 0, 0);

@@ -31,7 +31,8 @@ class BatchSampler {
 
   // This rank's batches for the current epoch, in order.
   std::vector<IndexBatch> batches() const;
-  // Equal on every rank (every rank has the same num_samples), so collectives per batch stay matched.
+  // Equal on every rank (every rank has the same num_samples), so collectives per batch stay matched; an uneven
+  // sampler breaks that on purpose (ddp/join.h).
   int64_t num_batches() const;
 
   int64_t batch_size() const { return batch_size_; }

@@ -21,6 +21,9 @@ struct DistributedSamplerOptions {
   bool shuffle = true;
   uint64_t seed = 0;         // same on every rank; the generator is seeded with seed + epoch
   bool drop_last = false;    // cut the tail instead of padding, when n does not divide by num_replicas
+  // Neither pad nor cut: every sample once, ceil(n / W) of them on the first n % W ranks and floor(n / W) on the
+  // rest. Collectives per batch then no longer match up by themselves: see ddp/join.h.
+  bool uneven = false;
 };
 
 class DistributedSampler {
@@ -41,8 +44,9 @@ class DistributedSampler {
   std::vector<int64_t> global_indices() const;
 
   int64_t dataset_size() const { return dataset_size_; }
-  int64_t num_samples() const { return num_samples_; }  // per rank, padding included (PyTorch's len(sampler))
-  int64_t total_size() const { return num_samples_ * options_.num_replicas; }
+  int64_t num_samples() const { return num_samples_; }  // this rank's, padding included (PyTorch's len(sampler))
+  // All ranks' samples together: padded or cut to a multiple of num_replicas, or n when uneven.
+  int64_t total_size() const { return options_.uneven ? dataset_size_ : num_samples_ * options_.num_replicas; }
   // How many of this rank's num_samples() positions are real samples (the rest repeat earlier ones).
   int64_t real_count() const { return real_count_; }
   int64_t padding_count() const { return num_samples_ - real_count_; }
