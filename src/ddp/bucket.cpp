@@ -9,17 +9,25 @@ namespace tandem::ddp {
 
 std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& params, int64_t first_bucket_cap_bytes,
                                          int64_t bucket_cap_bytes) {
+  std::vector<size_t> reverse_registration(params.size());
+  for (size_t i = 0; i < params.size(); ++i) reverse_registration[i] = params.size() - 1 - i;
+  return assign_buckets(params, reverse_registration, first_bucket_cap_bytes, bucket_cap_bytes);
+}
+
+std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& params, const std::vector<size_t>& walk_order,
+                                         int64_t first_bucket_cap_bytes, int64_t bucket_cap_bytes) {
   struct Open {
     BucketLayout layout;
     int64_t bytes = 0;
     size_t closed = 0;  // buckets already closed for this (dtype, device): picks the cap
-    size_t first_seen = 0;  // position of its first parameter in the reverse walk, to order the result
+    size_t first_seen = 0;  // position of its first parameter in the walk, to order the result
   };
   // std::map keyed by (dtype, device) strings is fine: this runs once per model.
   std::map<std::pair<int, std::string>, Open> open;
   std::vector<std::pair<size_t, BucketLayout>> done;
   size_t position = 0;
-  for (size_t i = params.size(); i-- > 0; ++position) {
+  for (; position < walk_order.size(); ++position) {
+    const size_t i = walk_order[position];
     const torch::Tensor& param = params[i];
     auto key = std::make_pair(static_cast<int>(param.scalar_type()), param.device().str());
     Open& bucket = open[key];

@@ -5,14 +5,20 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 
+#include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
 
 namespace tandem::ddp {
 namespace {
 
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+constexpr const char* kUnusedParametersAdvice =
+    "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
+    "DdpOptions::find_unused_parameters = true";
 
 bool is_same_storage(const torch::Tensor& a, const torch::Tensor& b) {
   return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes();
@@ -59,14 +65,15 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
 
   verify_replicas_match(*communicator_, parameters, buffers,
                         fmt::format("bucket_cap_mb={} first_bucket_cap_mb={} broadcast_buffers={} "
-                                    "find_unused_parameters={} gradient_as_bucket_view={} comm_hook={} "
-                                    "check_replicas_every={}",
+                                    "find_unused_parameters={} static_graph={} gradient_as_bucket_view={} "
+                                    "comm_hook={} check_replicas_every={}",
                                     options_.bucket_cap_mb, options_.first_bucket_cap_mb, options_.broadcast_buffers,
-                                    options_.find_unused_parameters, options_.gradient_as_bucket_view,
-                                    options_.comm_hook->name(), options_.check_replicas_every));
-  std::vector<torch::Tensor> state = parameters.values();
-  for (const auto& buffer : buffers.values()) state.push_back(buffer);
-  CoalescedBroadcaster(state).broadcast(*communicator_, 0);
+                                    options_.find_unused_parameters, options_.static_graph,
+                                    options_.gradient_as_bucket_view, options_.comm_hook->name(),
+                                    options_.check_replicas_every));
+  model_state_ = parameters.values();
+  for (const auto& buffer : buffers.values()) model_state_.push_back(buffer);
+  copy_replica_from(0);
   if (options_.broadcast_buffers && !buffers.is_empty()) {
     buffer_broadcaster_ = std::make_unique<CoalescedBroadcaster>(buffers.values());
     if (buffer_broadcaster_->empty()) buffer_broadcaster_.reset();
@@ -76,10 +83,28 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
     if (options_.broadcast_buffers) checked_state_.update(buffers);
   }
 
-  tail_numel_ = world_size_ + (options_.find_unused_parameters ? static_cast<int64_t>(params_.size()) : 0);
+  unused_search_ = options_.find_unused_parameters;
+  allocate_buckets();
+  ready_.assign(params_.size(), 0);
+  used_since_sync_.assign(params_.size(), 0);
+  ready_order_.reserve(params_.size());
+  reset_iteration();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].hook = compat::add_grad_ready_hook(params_[i].tensor, [this, i] { mark_ready(i); });
+  }
+}
+
+// The flat buffers of layouts_, each parameter's view of its slice, and the tail after the last payload.
+void Reducer::allocate_buckets() {
+  tail_numel_ = world_size_ + 1 + (unused_search_ ? static_cast<int64_t>(params_.size()) : 0);
   torch::NoGradGuard no_grad;
   tail_host_ = torch::zeros({tail_numel_}, torch::kFloat);
   if (!layouts_.empty() && layouts_.back().device.is_cuda()) tail_host_ = tail_host_.pin_memory();
+  for (auto& param : params_) {
+    param.bucket = kNoBucket;
+    param.bucket_view = torch::Tensor();
+  }
+  buckets_.clear();
   buckets_.resize(layouts_.size());
   for (size_t b = 0; b < layouts_.size(); ++b) {
     const BucketLayout& layout = layouts_[b];
@@ -100,12 +125,47 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
       }
     }
   }
-  ready_.assign(params_.size(), 0);
-  used_since_sync_.assign(params_.size(), 0);
-  reset_iteration();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].hook = compat::add_grad_ready_hook(params_[i].tensor, [this, i] { mark_ready(i); });
+}
+
+// Buckets formed in reverse registration order launch late when backward produces gradients in another order
+// (a layer registered early but used last, a shared head): their first gradient waits for their last. Rank 0's
+// observed order is the one every rank adopts, so the collectives stay matched.
+void Reducer::rebuild_buckets() {
+  torch::Tensor order = torch::empty({static_cast<int64_t>(params_.size())}, torch::kLong);
+  int64_t* out = order.data_ptr<int64_t>();
+  std::vector<char> placed(params_.size(), 0);
+  for (size_t index : ready_order_) {
+    *out++ = static_cast<int64_t>(index);
+    placed[index] = 1;
   }
+  // Parameters without a gradient in that backward (or all of them on a rank that shadowed it) keep the
+  // reverse registration order, after the others.
+  for (size_t i = params_.size(); i-- > 0;) {
+    if (!placed[i]) *out++ = static_cast<int64_t>(i);
+  }
+  comm::broadcast_values(*communicator_, order, 0);
+  std::vector<size_t> walk;
+  for (int64_t i = 0; i < order.numel(); ++i) {
+    const auto index = static_cast<size_t>(order[i].item<int64_t>());
+    if (options_.static_graph && !used_in_first_iteration_.empty() && !used_in_first_iteration_[index]) continue;
+    walk.push_back(index);
+  }
+  std::vector<torch::Tensor> trainable;
+  for (const auto& param : params_) trainable.push_back(param.tensor);
+  layouts_ = assign_buckets(trainable, walk, static_cast<int64_t>(options_.first_bucket_cap_mb * kBytesPerMb),
+                            static_cast<int64_t>(options_.bucket_cap_mb * kBytesPerMb));
+  if (options_.static_graph) unused_search_ = false;
+  allocate_buckets();
+  reset_iteration();
+  rebuild_due_ = false;
+  buckets_rebuilt_ = true;
+  ready_order_ = {};
+  used_in_first_iteration_ = {};
+}
+
+void Reducer::copy_replica_from(int root) {
+  if (world_size_ == 1) return;
+  CoalescedBroadcaster(model_state_).broadcast(*communicator_, root);
 }
 
 Reducer::~Reducer() {
@@ -153,12 +213,51 @@ void Reducer::prepare_for_forward() {
     sync_this_iteration_ = require_sync_;
   }
   if (!sync_this_iteration_) return;
+  synchronise_forward(/*participating=*/true);
+}
+
+// The collectives of a synchronised forward, the same whether this rank trains or shadows.
+void Reducer::synchronise_forward(bool participating) {
+  if (rebuild_due_) rebuild_buckets();
   if (buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
   ++synchronised_forwards_;
   if (options_.check_replicas_every > 0 && synchronised_forwards_ % options_.check_replicas_every == 0) {
     verify_replicas_hold_same_values(*communicator_, checked_state_,
-                                     fmt::format("at synchronised forward {}", synchronised_forwards_));
+                                     fmt::format("at synchronised forward {}", synchronised_forwards_), participating);
   }
+}
+
+int Reducer::shadow_iteration() {
+  if (world_size_ == 1) return 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!broken_.empty()) throw CommError(broken_);
+  TANDEM_CHECK(!callback_queued_, "shadow_iteration during backward");
+  synchronise_forward(/*participating=*/false);
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].buffer.narrow(0, 0, layouts_[b].numel).zero_();
+    buckets_[b].pending = 0;
+  }
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  local_unused_error_ = false;
+  shadowing_ = true;
+  TailAgreement agreement;
+  try {
+    agreement = reduce_buckets();
+  } catch (...) {
+    shadowing_ = false;
+    throw;
+  }
+  shadowing_ = false;
+  reset_iteration();
+  if (!agreement.ranks_missing.empty()) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
+        "names them); {}",
+        fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
+  }
+  after_agreement(agreement);
+  return agreement.trained_ranks;
 }
 
 void Reducer::watch_output(const torch::Tensor& output) {
@@ -177,6 +276,8 @@ void Reducer::expect_end_of_backward() {
 void Reducer::queue_finish_backward() {
   if (callback_queued_) return;
   callback_queued_ = true;
+  // A backward that failed before its end left a partial order behind.
+  if (recording_ready_order()) ready_order_.clear();
   compat::queue_end_of_backward_callback([this] { finish_backward(); });
 }
 
@@ -192,7 +293,14 @@ void Reducer::mark_ready(size_t index) {
         "backward once per synchronised iteration",
         param.name));
   }
+  if (param.bucket == kNoBucket) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: parameter '{}' got a gradient, but no rank used it in the first iteration and "
+        "static_graph promised the same parameters every iteration; turn static_graph off for this model",
+        param.name));
+  }
   ready_[index] = 1;
+  if (recording_ready_order()) ready_order_.push_back(index);
   copy_grad_into_bucket(param);
   if (--buckets_[param.bucket].pending == 0) launch_complete_buckets();
 }
@@ -233,8 +341,9 @@ void Reducer::fill_tail() {
   float* flags = tail_host_.data_ptr<float>();
   std::fill(flags, flags + tail_numel_, 0.0f);
   flags[rank_] = local_unused_error_ ? 1.0f : 0.0f;
-  if (options_.find_unused_parameters) {
-    for (size_t i = 0; i < params_.size(); ++i) flags[world_size_ + i] = used_since_sync_[i] ? 1.0f : 0.0f;
+  flags[world_size_] = shadowing_ ? 0.0f : 1.0f;
+  if (unused_search_) {
+    for (size_t i = 0; i < params_.size(); ++i) flags[world_size_ + 1 + i] = used_since_sync_[i] ? 1.0f : 0.0f;
   }
   torch::NoGradGuard no_grad;
   torch::Tensor& buffer = buckets_.back().buffer;
@@ -244,13 +353,14 @@ void Reducer::fill_tail() {
 void Reducer::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   // Parameters whose hook did not fire in this backward. Either they are treated as ready (with whatever
-  // .grad they accumulated under no_sync, or zero), or, without find_unused_parameters, they are zero-filled
-  // so that every collective still completes on every rank, and the error rides on the last bucket's tail.
+  // .grad they accumulated under no_sync, or zero), or, without the unused-parameter search, they are
+  // zero-filled so that every collective still completes on every rank, and the error rides on the last
+  // bucket's tail.
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
     Param& param = params_[i];
-    if (options_.find_unused_parameters) {
+    if (ready_[i] || param.bucket == kNoBucket) continue;
+    if (unused_search_) {
       copy_grad_into_bucket(param);
     } else {
       torch::NoGradGuard no_grad;
@@ -261,6 +371,37 @@ void Reducer::finish_backward() {
     --buckets_[param.bucket].pending;
   }
   local_unused_error_ = !missing.empty();
+  const TailAgreement agreement = reduce_buckets();
+  if (!agreement.ranks_missing.empty()) {
+    reset_iteration();
+    std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+    if (!missing.empty()) {
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: parameters got no gradient in this backward on rank {} ({}); ranks with such "
+          "parameters: [{}]; {}",
+          rank_, fmt::join(missing, ", "), fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
+    }
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
+        "names them); {}",
+        fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
+  }
+  // Ranks that shadowed this iteration sent zeros: the comm hook's mean over the world becomes the mean over
+  // the ranks that trained.
+  if (agreement.trained_ranks < world_size_) {
+    torch::NoGradGuard no_grad;
+    const double rescale = static_cast<double>(world_size_) / agreement.trained_ranks;
+    for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].buffer.narrow(0, 0, layouts_[b].numel).mul_(rescale);
+  }
+  write_back(agreement.globally_used);
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  reset_iteration();
+  ++synchronised_backwards_;
+  after_agreement(agreement);
+}
+
+// Launches what is left, waits for every bucket and reads the tail. A failed collective breaks the reducer.
+Reducer::TailAgreement Reducer::reduce_buckets() {
   launch_complete_buckets();
   TANDEM_CHECK(next_bucket_to_launch_ == buckets_.size(), "not every bucket was launched at the end of backward");
 
@@ -273,7 +414,7 @@ void Reducer::finish_backward() {
       if (!failure) failure = std::current_exception();
     }
   }
-  if (timeline_ && timeline_->recording() && !failure) record_allreduces(wait_begin);
+  if (timeline_ && timeline_->recording() && !failure && !shadowing_) record_allreduces(wait_begin);
   if (failure) {
     reset_iteration();
     broken_ = fmt::format(
@@ -287,36 +428,27 @@ void Reducer::finish_backward() {
   torch::Tensor tail =
       buckets_.back().buffer.narrow(0, layouts_.back().numel, tail_numel_).to(torch::kCPU, torch::kFloat);
   const float* flags = tail.data_ptr<float>();
-  std::vector<int> ranks_missing;
+  TailAgreement agreement;
   for (int r = 0; r < world_size_; ++r) {
-    if (flags[r] != 0.0f) ranks_missing.push_back(r);
+    if (flags[r] != 0.0f) agreement.ranks_missing.push_back(r);
   }
-  if (!ranks_missing.empty()) {
-    reset_iteration();
-    std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
-    const std::string advice =
-        "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
-        "DdpOptions::find_unused_parameters = true";
-    if (!missing.empty()) {
-      throw InvalidArgument(fmt::format(
-          "DistributedDataParallel: parameters got no gradient in this backward on rank {} ({}); ranks with such "
-          "parameters: [{}]; {}",
-          rank_, fmt::join(missing, ", "), fmt::join(ranks_missing, ", "), advice));
-    }
-    throw InvalidArgument(fmt::format(
-        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
-        "names them); {}",
-        fmt::join(ranks_missing, ", "), advice));
+  // The comm hook averaged the flags over the world.
+  agreement.trained_ranks = static_cast<int>(std::lround(flags[world_size_] * world_size_));
+  if (unused_search_) {
+    agreement.globally_used.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) agreement.globally_used[i] = flags[world_size_ + 1 + i] != 0.0f;
   }
+  return agreement;
+}
 
-  std::vector<char> globally_used;
-  if (options_.find_unused_parameters) {
-    globally_used.resize(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = flags[world_size_ + i] != 0.0f;
-  }
-  write_back(globally_used);
-  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
-  reset_iteration();
+// The first iteration that some rank trained in decides the rebuild, on every rank alike.
+void Reducer::after_agreement(const TailAgreement& agreement) {
+  if (buckets_rebuilt_ || rebuild_due_ || agreement.trained_ranks == 0) return;
+  // With the unused-parameter search on, the order changes from iteration to iteration; PyTorch rebuilds then
+  // only for a static graph, and so do we.
+  if (options_.find_unused_parameters && !options_.static_graph) return;
+  rebuild_due_ = true;
+  used_in_first_iteration_ = agreement.globally_used;
 }
 
 // Every bucket has completed; a backend thread may not yet have reported the completion it is about to report,
@@ -342,6 +474,7 @@ void Reducer::write_back(const std::vector<char>& globally_used) {
     // A parameter no rank used keeps its .grad as it was, as in a single process.
     if (!globally_used.empty() && !globally_used[i]) continue;
     Param& param = params_[i];
+    if (param.bucket == kNoBucket) continue;  // static_graph found it unused
     torch::Tensor& grad = param.tensor.mutable_grad();
     if (options_.gradient_as_bucket_view) {
       if (!is_same_storage(grad, param.bucket_view)) grad = param.bucket_view;

@@ -67,20 +67,32 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
 
 void verify_replicas_hold_same_values(comm::Communicator& communicator,
                                       const torch::OrderedDict<std::string, torch::Tensor>& tensors,
-                                      const std::string& when) {
-  torch::Tensor fingerprints = torch::empty({static_cast<int64_t>(tensors.size())}, torch::kLong);
+                                      const std::string& when, bool participating) {
+  // The last slot says whether this rank's fingerprints count.
+  const int64_t count = static_cast<int64_t>(tensors.size());
+  torch::Tensor fingerprints = torch::zeros({count + 1}, torch::kLong);
   int64_t* out = fingerprints.data_ptr<int64_t>();
-  for (const auto& item : tensors) {
-    const torch::Tensor bytes = item.value().detach().to(torch::kCPU).contiguous();
-    *out++ = static_cast<int64_t>(Fingerprint().add(bytes.data_ptr(), bytes.numel() * bytes.element_size()).value());
+  out[count] = participating ? 1 : 0;
+  if (participating) {
+    for (const auto& item : tensors) {
+      const torch::Tensor bytes = item.value().detach().to(torch::kCPU).contiguous();
+      *out++ = static_cast<int64_t>(Fingerprint().add(bytes.data_ptr(), bytes.numel() * bytes.element_size()).value());
+    }
   }
   const std::vector<torch::Tensor> all = comm::all_gather_values(communicator, fingerprints);
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (int64_t i = 0; i < count; ++i) {
+    // One entry per rank, "-" for a rank left out, so that the message still numbers the ranks.
     std::vector<std::string> per_rank;
+    std::vector<std::string> compared;
     for (const auto& rank_fingerprints : all) {
+      if (rank_fingerprints[count].item<int64_t>() == 0) {
+        per_rank.push_back("no replica (shadowing)");
+        continue;
+      }
       per_rank.push_back(fmt::format("{:016x}", static_cast<uint64_t>(rank_fingerprints[i].item<int64_t>())));
+      compared.push_back(per_rank.back());
     }
-    if (std::all_of(per_rank.begin(), per_rank.end(), [&](const std::string& f) { return f == per_rank[0]; })) continue;
+    if (std::all_of(compared.begin(), compared.end(), [&](const std::string& f) { return f == compared[0]; })) continue;
     throw ReplicaDivergenceError(fmt::format(
         "DistributedDataParallel: the ranks' replicas differ {}, first in '{}' ({}); stopping every rank. A rank "
         "changed its weights alone, or a gradient all-reduce was skipped; restart from the last checkpoint",

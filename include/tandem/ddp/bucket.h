@@ -1,6 +1,6 @@
 #pragma once
 // Which parameters share a gradient bucket. Buckets are formed walking the parameters in reverse
-// registration order (roughly the order backward produces their gradients), one open bucket per
+// registration order (roughly the order backward produces their gradients) or in a given order, one open bucket per
 // (dtype, device), closing a bucket once it holds at least its cap in bytes: the first bucket of each
 // dtype uses first_bucket_cap_bytes, later ones bucket_cap_bytes. Each bucket becomes one flat buffer.
 #include <torch/types.h>
@@ -24,5 +24,10 @@ struct BucketLayout {
 // layout from the same model, which keeps the all-reduces matched across ranks.
 std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& params, int64_t first_bucket_cap_bytes,
                                          int64_t bucket_cap_bytes);
+
+// The same, walking only the parameters in `walk_order` (indices into `params`), in that order: the order in
+// which backward actually produced their gradients, once it is known (the reducer's rebuild).
+std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& params, const std::vector<size_t>& walk_order,
+                                         int64_t first_bucket_cap_bytes, int64_t bucket_cap_bytes);
 
 }  // namespace tandem::ddp

@@ -16,6 +16,11 @@ struct DdpOptions {
   double first_bucket_cap_mb = 1.0;
   // Buffers (e.g. BatchNorm running statistics) follow rank 0 at each synchronised forward.
   bool broadcast_buffers = true;
+  // The graph is the same in every iteration: the same parameters get gradients, in the same order. After the
+  // first iteration the parameters no rank used leave the buckets for good, and backward stops reporting which
+  // parameters it used (the unused-parameter search of find_unused_parameters). A parameter that gets a
+  // gradient later anyway is an error. As in PyTorch.
+  bool static_graph = false;
   // Parameters that got no gradient in an iteration are treated as ready (their local gradient, or zero) so
   // the reduction completes; parameters that no rank used keep their .grad untouched. Without it such a
   // parameter is an error on every rank.

@@ -8,7 +8,10 @@
 //                 complete bucket is handed to the comm hook at once, in bucket order, while backward goes on;
 //                 the first hook queues an end-of-backward callback with the autograd engine;
 //   end of backward  the callback resolves parameters that got no gradient, waits for every bucket and
-//                 writes the averaged gradients back, so loss.backward() returns with synchronised .grad.
+//                 writes the averaged gradients back, so loss.backward() returns with synchronised .grad;
+//   second forward   the buckets are rebuilt once, in the order backward produced the gradients (rank 0's);
+//   uneven inputs    a rank out of data answers the others' collectives with zeros (shadow_iteration, used by
+//                 ddp/join.h); gradients are averaged over the ranks that trained in that iteration.
 //
 // Threading: hooks and the end-of-backward callback run on the autograd thread of the backward call; a mutex
 // guards the state anyway. In a world of one the reducer registers no hooks and costs nothing.
@@ -67,16 +70,32 @@ class Reducer {
   // Replaces the comm hook; call between iterations, on every rank alike.
   void register_comm_hook(CommHookPtr hook);
 
+  // Collective, for a rank that has run out of data while others train on (see ddp/join.h): runs the
+  // collectives of one synchronised iteration of the others (buffer broadcast, replica check, every bucket's
+  // all-reduce) with zero gradients and no write-back. Returns how many ranks trained in that iteration; 0 once
+  // every rank shadows. Throws what the trained ranks throw (an unused-parameter error, a failed collective).
+  int shadow_iteration();
+  // Synchronised backwards this rank took part in with real gradients.
+  int64_t synchronised_backwards() const { return synchronised_backwards_; }
+  // Collective: every rank's parameters and buffers become `root`'s (after uneven inputs, the replicas of the
+  // ranks that stopped early are behind).
+  void copy_replica_from(int root);
+
   int world_size() const { return world_size_; }
+  const comm::CommunicatorPtr& communicator() const { return communicator_; }
+  // The current buckets: in reverse registration order at first, in the order of the first synchronised
+  // backward's gradients (rank 0's) from the second synchronised forward on.
   const std::vector<BucketLayout>& bucket_layouts() const { return layouts_; }
   // Names of the trainable parameters, in registration order (BucketLayout::params index into this).
   std::vector<std::string> parameter_names() const;
 
  private:
+  // A parameter that static_graph found unused in the first iteration has no bucket.
+  static constexpr size_t kNoBucket = static_cast<size_t>(-1);
   struct Param {
     std::string name;
     torch::Tensor tensor;
-    size_t bucket = 0;
+    size_t bucket = kNoBucket;
     torch::Tensor bucket_view;  // this parameter's slice of its bucket, shaped like it
     compat::GradReadyHook hook;
   };
@@ -90,6 +109,19 @@ class Reducer {
     std::shared_ptr<std::atomic<monitor::TimelineClock::rep>> completed_at;
   };
 
+  // What every rank reads from the last bucket's tail once all buckets are reduced.
+  struct TailAgreement {
+    std::vector<int> ranks_missing;   // ranks with parameters that got no gradient (an error)
+    int trained_ranks = 0;            // ranks that ran a real backward (fewer once some shadow)
+    std::vector<char> globally_used;  // per parameter, during the unused-parameter search only
+  };
+
+  void allocate_buckets();
+  void rebuild_buckets();
+  void after_agreement(const TailAgreement& agreement);
+  TailAgreement reduce_buckets();
+  void synchronise_forward(bool participating);
+  bool recording_ready_order() const { return !buckets_rebuilt_ && !rebuild_due_; }
   void expect_end_of_backward();
   void queue_finish_backward();  // with mutex_ held
   void mark_ready(size_t param_index);
@@ -114,11 +146,25 @@ class Reducer {
   // each rank's BatchNorm statistics are its own and differ by design).
   torch::OrderedDict<std::string, torch::Tensor> checked_state_;
   int64_t synchronised_forwards_ = 0;
+  int64_t synchronised_backwards_ = 0;
+  // Every parameter and buffer, for copy_replica_from.
+  std::vector<torch::Tensor> model_state_;
+
+  // Bucket rebuild: the first synchronised backward records the order in which gradients became ready; the
+  // next synchronised forward (or shadow iteration) rebuilds the buckets from rank 0's order, once.
+  std::vector<size_t> ready_order_;
+  bool rebuild_due_ = false;
+  bool buckets_rebuilt_ = false;
+  std::vector<char> used_in_first_iteration_;  // what static_graph leaves out of the rebuilt buckets
+  bool shadowing_ = false;  // this iteration's collectives are a shadow_iteration's
 
   // Last bucket's tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
-  // find_unused_parameters), then, with find_unused_parameters, one "used since the last sync" flag per
-  // parameter. Riding on the last all-reduce, it tells every rank what the others saw at no extra collective.
+  // find_unused_parameters), a "trained" flag (0 from a shadowing rank), then, during the unused-parameter
+  // search, one "used since the last sync" flag per parameter. Riding on the last all-reduce, it tells every
+  // rank what the others saw at no extra collective.
   int64_t tail_numel_ = 0;
+  // Whether backward reports which parameters it used: find_unused_parameters, until static_graph ends it.
+  bool unused_search_ = false;
   // Filled on the host, then copied into the bucket. Pinned when the bucket is on a GPU, so that the copy is
   // queued without blocking (a pageable copy would make the host wait for all of backward's kernels).
   torch::Tensor tail_host_;

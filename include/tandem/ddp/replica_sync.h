@@ -19,10 +19,12 @@ void verify_replicas_match(comm::Communicator& communicator, const torch::Ordere
 
 // Collective. Compares a fingerprint of each tensor's bytes across the ranks with one all-gather of a few bytes
 // per tensor; if any rank differs, every rank throws the same ReplicaDivergenceError naming the first tensor
-// that differs, the ranks on each side and `when` (e.g. "at synchronised forward 300").
+// that differs, the ranks on each side and `when` (e.g. "at synchronised forward 300"). A rank that no longer
+// trains (it ran out of data and shadows the others, see ddp/join.h) takes part without `participating`: its
+// replica is left out of the comparison.
 void verify_replicas_hold_same_values(comm::Communicator& communicator,
                                       const torch::OrderedDict<std::string, torch::Tensor>& tensors,
-                                      const std::string& when);
+                                      const std::string& when, bool participating = true);
 
 // Copies root's values of a fixed list of tensors to every rank with one broadcast per (dtype, device), through
 // flat staging buffers that are allocated once and reused (buffers are re-broadcast at every forward).
