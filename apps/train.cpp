@@ -96,6 +96,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
+  command.add_flag("--uneven", o.uneven, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
   command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)")->check(at_least(0));

@@ -18,6 +18,7 @@
 #include "tandem/data/data_agreement.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/ddp/join.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/evaluation.h"
@@ -54,31 +55,47 @@ NanInjection nan_injection_from_env() {
 // What each step's one all-reduce tells every rank, read on the host.
 struct StepStatistics {
   double loss_sum = 0;            // of the finite losses
+  int trained_ranks = 0;          // fewer than the world when some ranks ran out of data (uneven inputs)
   std::vector<int> nonfinite_ranks;
   std::vector<double> rank_seconds;
+
+  double mean_loss() const { return trained_ranks > 0 ? loss_sum / trained_ranks : 0.0; }
 };
 
-// Built on the loss's device as [loss sum, a non-finite flag per rank, seconds per rank], so the step costs one
-// all-reduce and one read for the metric, the NaN check and the ranks' timings.
+// Built on the loss's device as [loss sum, trained ranks, a non-finite flag per rank, seconds per rank], so the
+// step costs one all-reduce and one read for the metric, the NaN check and the ranks' timings. A rank that
+// shadows the step (no loss) passes an undefined loss.
 StepStatistics reduce_step_statistics(const torch::Tensor& loss, double seconds, int rank,
                                       comm::Communicator* communicator) {
   const int world = communicator ? communicator->world_size() : 1;
-  torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
-  torch::Tensor finite = torch::isfinite(value);
-  torch::Tensor stats = torch::zeros({1 + 2 * world}, value.options());
-  stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
-  stats.narrow(0, 1 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
-  stats.narrow(0, 1 + world + rank, 1).fill_(seconds);
+  const torch::TensorOptions options =
+      torch::TensorOptions().dtype(torch::kFloat64).device(loss.defined() ? loss.device() : torch::kCPU);
+  torch::Tensor stats = torch::zeros({2 + 2 * world}, options);
+  if (loss.defined()) {
+    torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
+    torch::Tensor finite = torch::isfinite(value);
+    stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
+    stats.narrow(0, 1, 1).fill_(1.0);
+    stats.narrow(0, 2 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
+  }
+  stats.narrow(0, 2 + world + rank, 1).fill_(seconds);
   if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
   const torch::Tensor host = stats.cpu();
   const double* values = host.data_ptr<double>();
   StepStatistics result;
   result.loss_sum = values[0];
+  result.trained_ranks = static_cast<int>(std::lround(values[1]));
   for (int r = 0; r < world; ++r) {
-    if (values[1 + r] > 0) result.nonfinite_ranks.push_back(r);
-    result.rank_seconds.push_back(values[1 + world + r]);
+    if (values[2 + r] > 0) result.nonfinite_ranks.push_back(r);
+    result.rank_seconds.push_back(values[2 + world + r]);
   }
   return result;
+}
+
+[[noreturn]] void throw_nonfinite(const StepStatistics& stats, int64_t step, int epoch, int64_t batch_index) {
+  throw NonFiniteLossError(fmt::format(
+      "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
+      stats.nonfinite_ranks.size() > 1 ? "s" : "", fmt::join(stats.nonfinite_ranks, ","), step, epoch, batch_index));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -185,6 +202,14 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
   if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
   if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
+  if (options_.uneven_inputs) {
+    const char* conflict = options_.strategy == Strategy::kDataParallel ? "--strategy dp (one process has no uneven ranks)"
+                           : options_.max_steps > 0                     ? "--steps (ranks stop at different batches)"
+                           : options_.checkpoint_every > 0 ? "--checkpoint-every (ranks stand at different batches inside an epoch)"
+                           : amp::uses_loss_scaling(options_.precision) ? "--precision 16-mixed (its loss scaler's collective is not shadowed)"
+                                                                        : nullptr;
+    if (conflict) throw InvalidArgument(fmt::format("--uneven cannot be combined with {}; drop one of them", conflict));
+  }
   if (options_.strategy == Strategy::kDataParallel && world_ > 1) {
     throw InvalidArgument(fmt::format("strategy dp (DataParallel) trains in one process, but this is one of {}: "
                                       "use ddp under tandem run, or start a single process",
@@ -324,10 +349,11 @@ void Run::write_report() {
 int64_t Run::make_loaders() {
   const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
   data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
+  train_sampling.uneven = options_.uneven_inputs;
+  const data::DistributedSampler train_sampler(train_set_->size(), train_sampling);
+  const bool drop_last = options_.drop_last && !options_.uneven_inputs;
   train_loader_ = std::make_unique<data::BatchLoader>(
-      train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
-                                     options_.drop_last),
-      loading);
+      train_set_, data::BatchSampler(train_sampler, options_.batch_size, drop_last), loading);
   if (eval_set_) {
     data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
     eval_loader_ = std::make_unique<data::BatchLoader>(
@@ -335,7 +361,10 @@ int64_t Run::make_loaders() {
                                       /*drop_last=*/false),
         loading);
   }
-  const int64_t batches_per_epoch = train_loader_->num_batches();
+  // With uneven inputs rank 0 has the most samples, ceil(n / W); its batches are the epoch's length.
+  const int64_t most_samples = (train_set_->size() + world_ - 1) / world_;
+  const int64_t batches_per_epoch = options_.uneven_inputs ? (most_samples + options_.batch_size - 1) / options_.batch_size
+                                                           : train_loader_->num_batches();
   if (batches_per_epoch == 0) {
     throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
                                       train_set_->size(), options_.batch_size, world_));
@@ -363,6 +392,8 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
     return earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   const int64_t batches_per_epoch = train_loader_->num_batches();
+  std::optional<ddp::Join> join;
+  if (options_.uneven_inputs && ddp_model_) join.emplace(*ddp_model_);
   while (std::optional<data::Batch> batch = train_loader_->next()) {
     const double loss = train_step(epoch, progress.batches_done, *batch);
     ++progress.steps;
@@ -380,6 +411,20 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
       progress.seconds = seconds_so_far();
       write_checkpoint(checkpoint_state(epoch, progress));
     }
+  }
+  if (join) {
+    // The step's statistics are the one collective of a step besides DDP's (16-mixed, whose scaler adds one,
+    // is refused with uneven inputs).
+    // The step counts on this rank too, and is an empty one in its timeline, so that the timeline's window ends
+    // (a collective) at the same step everywhere.
+    join->finish([&] {
+      if (timeline_) timeline_->begin_step(step_ + 1);
+      const StepStatistics stats = reduce_step_statistics(torch::Tensor(), 0.0, rank_, communicator_);
+      ++step_;
+      if (timeline_) timeline_->end_step();
+      if (!stats.nonfinite_ranks.empty()) throw_nonfinite(stats, step_, epoch, progress.batches_done);
+      if (run_timeline_) run_timeline_->after_step(step_);
+    });
   }
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
@@ -411,10 +456,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   const StepStatistics stats = reduce_step_statistics(loss, seconds_since(start), rank_, communicator_);
   if (!stats.nonfinite_ranks.empty()) {
     progress_->end_epoch();
-    throw NonFiniteLossError(fmt::format(
-        "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
-        stats.nonfinite_ranks.size() > 1 ? "s" : "", fmt::join(stats.nonfinite_ranks, ","), step_, epoch,
-        batch_index));
+    throw_nonfinite(stats, step_, epoch, batch_index);
   }
   bool stepped = false;
   {
@@ -424,7 +466,7 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   }
   ++step_;
   if (timeline_) timeline_->end_step();
-  const double mean_loss = stats.loss_sum / world_;
+  const double mean_loss = stats.mean_loss();
   const double lr = optimizer_.param_groups()[0].options().get_lr();
   if (records_) {
     const double seconds = seconds_since(start);

@@ -94,6 +94,7 @@ LoopOptions loop_options(const TrainOptions& o) {
   loop.checkpoint_every = o.checkpoint_every;
   loop.keep_checkpoints = o.keep_checkpoints;
   loop.check_replicas_every = o.check_replicas_every;
+  loop.uneven_inputs = o.uneven;
   loop.progress = o.progress;
   loop.precision = o.precision;
   loop.strategy = o.strategy;
@@ -142,6 +143,7 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("save weights", o.save_weights.empty() ? "no" : o.save_weights);
   line("run dir", o.run_dir);
   line("resume", o.resume ? "yes" : "no");
+  line("uneven inputs", o.uneven ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
   line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
                       : fmt::format("at epoch ends{}; the newest {} kept",

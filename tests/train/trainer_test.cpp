@@ -436,6 +436,25 @@ TEST(TrainProcesses, StrategyDpUnderSeveralRanksIsRefusedOnEveryRank) {
   }
 }
 
+TEST(TrainProcesses, UnevenTrainsEverySampleOnceWithRanksOfThreeThreeAndTwoBatches) {
+  // 50 samples over 3 ranks: 17, 17 and 16, in batches of 8: 3, 3 and 2 batches. Rank 2 shadows each epoch's
+  // third step, where the timeline's window (a collective at its end) closes too.
+  const std::string root = make_temp_dir("uneven_runs");
+  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven", 50, 16), "--epochs", "2",
+                                           "--batch-size", "8", "--threads", "1", "--uneven", "--run-dir",
+                                           root + "/run", "--timeline", root + "/trace.json", "--timeline-steps",
+                                           "2-3", "--timeout", "60"});
+  expect_success(results, "uneven run");
+  EXPECT_NE(results[0].output.find("uneven inputs:"), std::string::npos) << results[0].output;
+  EXPECT_EQ(read_lines(root + "/run/metrics.jsonl").size(), 2u);
+  EXPECT_EQ(read_lines(root + "/run/steps.jsonl").size(), 6u) << "3 steps per epoch, counted once";
+  EXPECT_TRUE(std::filesystem::exists(root + "/trace.json"));
+}
+
+TEST(TrainProcesses, UnevenWithStepsIsOneLine) {
+  expect_one_line_failure("uneven_steps", {"--uneven", "--steps", "3"}, "--uneven cannot be combined with --steps");
+}
+
 TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {
   expect_one_line_failure("dp_sync_bn", {"--strategy", "dp", "--sync-bn"}, "--sync-bn needs --strategy ddp");
 }

@@ -64,6 +64,11 @@ struct LoopOptions {
   uint64_t seed = 0;            // the data order, as PyTorch's DistributedSampler's seed
   bool shuffle = true;
   bool drop_last = true;        // training: drop each rank's last partial batch (evaluation keeps every sample)
+  // Training takes every sample once per epoch: no padding to a multiple of the world size, no dropped tail, so
+  // the ranks get different numbers of batches. A rank out of batches shadows the others' steps (ddp/join.h),
+  // and each step's gradient is the mean over the ranks that trained in it. Needs strategy ddp; not with
+  // max_steps, checkpoint_every or a loss-scaling precision (16-mixed).
+  bool uneven_inputs = false;
   LossFunction loss = cross_entropy_loss;
   // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the world size
   // (the seeds' linear scaling) unless scale_lr_by_world_size is off, then decayed by a cosine per epoch to
