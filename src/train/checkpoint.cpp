@@ -9,6 +9,7 @@
 #include <typeinfo>
 
 #include "tandem/optim/optimizer_archive.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
@@ -222,6 +223,11 @@ void read_extra(const TensorFile& file, ExtraState& extra) {
 }  // namespace
 
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  // A sharded optimizer saves its consolidated state as a plain one of its local kind would, so a checkpoint
+  // resumes with or without sharding.
+  if (const auto* sharded = dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer)) {
+    return optimizer_kind(sharded->local_optimizer());
+  }
   return c10::demangle(typeid(optimizer).name());
 }
 
