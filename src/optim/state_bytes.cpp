@@ -3,6 +3,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <sstream>
 #include <string>
 
 namespace tandem::optim {
@@ -13,13 +14,10 @@ namespace {
 int64_t tensor_bytes(const torch::optim::OptimizerParamState& state) {
   torch::serialize::OutputArchive out;
   state.serialize(out);
-  std::string bytes;
-  out.save_to([&bytes](const void* data, size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
-    return size;
-  });
+  std::stringstream bytes;
+  out.save_to(bytes);
   torch::serialize::InputArchive in;
-  in.load_from(bytes.data(), bytes.size());
+  in.load_from(bytes);
   int64_t total = 0;
   for (const std::string& key : in.keys()) {
     torch::Tensor tensor;
