@@ -17,7 +17,7 @@
 // Checkpoints, in the format of a plain optimizer of the local kind over all parameters, so that a run can be
 // resumed with or without sharding:
 //   optimizer.consolidate_state_dict(0);            // collective: rank 0 gathers every rank's state
-//   if (rank == 0) optimizer.save(archive);         // (train/checkpoint.h does this under tandem train --zero)
+//   if (rank == 0) optimizer.save(archive);         // (train::Loop does both before each checkpoint)
 //   optimizer.load(archive);                        // every rank, the same archive: each keeps its own share
 //
 // step() and consolidate_state_dict() are collective: every rank calls them in the same order. The param groups
