@@ -94,6 +94,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr (cosine schedule per epoch)")->capture_default_str();
   command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
+  command.add_flag("--zero", o.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
   command.add_flag("--uneven", o.uneven, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");

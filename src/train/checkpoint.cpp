@@ -3,17 +3,15 @@
 #include <c10/util/Type.h>
 #include <fmt/format.h>
 #include <torch/optim/sgd.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 #include <torch/version.h>
 
 #include <cstdio>
-#include <cstring>
-#include <sstream>
-#include <type_traits>
 #include <typeinfo>
 
+#include "tandem/optim/optimizer_archive.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/safetensors.h"
+#include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
 
@@ -43,21 +41,6 @@ std::string get_meta(const TensorFile& file, const std::string& key, const std::
 std::string optional_meta(const TensorFile& file, const std::string& key, const std::string& fallback) {
   auto it = file.metadata.find(key);
   return it == file.metadata.end() ? fallback : it->second;
-}
-
-// The optimizer's own serialization as bytes: it knows every optimizer's per-parameter state (and a user's
-// optimizer that implements save/load), which tandem then need not enumerate.
-torch::Tensor optimizer_archive(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::string bytes;
-  archive.save_to([&bytes](const void* data, size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::Tensor tensor = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-  std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
-  return tensor;
 }
 
 uint64_t fingerprint_of(const torch::Tensor& bytes) {
@@ -186,10 +169,8 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   // the run being continued (its flags) win on both.
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> current_options;
   for (const auto& group : optimizer.param_groups()) current_options.push_back(group.options().clone());
-  torch::serialize::InputArchive input;
   try {
-    input.load_from(static_cast<const char*>(archive.data_ptr()), static_cast<size_t>(archive.numel()), device);
-    optimizer.load(input);
+    optim::load_optimizer_archive(optimizer, archive, device);
   } catch (const c10::Error& error) {
     throw InvalidArgument(fmt::format("{}: its {} state does not fit this optimizer's parameters ({})", path, kind,
                                       error.what_without_backtrace()));
@@ -197,20 +178,6 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size() && g < current_options.size(); ++g) {
     groups[g].set_options(std::move(current_options[g]));
-  }
-}
-
-// The optimizer's per-parameter state is keyed by the parameter's TensorImpl: as a string of the pointer in
-// LibTorch 1.x, as the pointer itself in 2.x. Deducing the key type keeps both builds on one code path.
-template <typename StateMap>
-typename StateMap::key_type state_key(const torch::Tensor& parameter) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;
-    out << static_cast<const void*>(parameter.unsafeGetTensorImpl());
-    return out.str();
-  } else {
-    return static_cast<Key>(parameter.unsafeGetTensorImpl());
   }
 }
 
@@ -227,7 +194,6 @@ void restore_first_format_momentum(const TensorFile& file, const std::string& pa
     if (name.rfind(prefix, 0) == 0) momentum.emplace(name.substr(prefix.size()), tensor);
   }
   auto& optimizer_states = optimizer.state();
-  using StateMap = std::decay_t<decltype(optimizer_states)>;
   for (const auto& item : module.named_parameters()) {
     auto it = momentum.find(item.key());
     if (it == momentum.end()) continue;
@@ -236,7 +202,7 @@ void restore_first_format_momentum(const TensorFile& file, const std::string& pa
     }
     auto sgd_state = std::make_unique<torch::optim::SGDParamState>();
     sgd_state->momentum_buffer(it->second.to(item.value().options()).clone());
-    optimizer_states[state_key<StateMap>(item.value())] = std::move(sgd_state);
+    optimizer_states[compat::optimizer_state_key(item.value())] = std::move(sgd_state);
     momentum.erase(it);
   }
   if (!momentum.empty()) {
@@ -257,6 +223,11 @@ void read_extra(const TensorFile& file, ExtraState& extra) {
 }  // namespace
 
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  // A sharded optimizer saves its consolidated state as a plain one of its local kind would, so a checkpoint
+  // resumes with or without sharding.
+  if (const auto* sharded = dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer)) {
+    return optimizer_kind(sharded->local_optimizer());
+  }
   return c10::demangle(typeid(optimizer).name());
 }
 
@@ -264,7 +235,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
                      const CheckpointState& state, const ExtraState& extra) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (auto& [name, tensor] : named_state(module)) tensors.emplace_back(kModelPrefix + name, tensor);
-  torch::Tensor archive = optimizer_archive(optimizer);
+  torch::Tensor archive = optim::save_optimizer_archive(optimizer);
   tensors.emplace_back(kOptimizerArchive, archive);
   if (state.rng.cpu.defined()) tensors.emplace_back(kCpuRng, state.rng.cpu);
   if (state.rng.device.defined()) tensors.emplace_back(kDeviceRng, state.rng.device);

@@ -21,6 +21,7 @@
 #include "tandem/ddp/join.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_holder.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/evaluation.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/progress.h"
@@ -537,6 +538,8 @@ void Run::write_checkpoint(const CheckpointState& state) {
   if (!options_.checkpoint) return;
   CheckpointState complete = state;
   complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, options_.device);
+  // Sharded optimizer state is gathered to rank 0 by every rank, before rank 0 alone saves it.
+  if (auto* sharded = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&optimizer_)) sharded->consolidate_state_dict(0);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};

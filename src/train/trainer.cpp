@@ -11,6 +11,7 @@
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
 
@@ -123,6 +124,7 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", o.lr, world_size, o.lr * world_size, o.lrf));
   line("momentum", fmt::format("{}", o.momentum));
   line("weight decay", fmt::format("{}", o.weight_decay));
+  line("zero", o.zero ? fmt::format("SGD state sharded over {} ranks", world_size) : "no");
   line("steps", o.max_steps > 0 ? std::to_string(o.max_steps) : "all");
   line("seed", std::to_string(o.seed));
   line("shuffle", o.shuffle ? "yes" : "no");
@@ -167,6 +169,10 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     throw InvalidArgument("--sync-bn needs --strategy ddp: DataParallel's replicas are threads of one process, "
                           "with no process group to share statistics over");
   }
+  if (options.zero && options.strategy == Strategy::kDataParallel) {
+    throw InvalidArgument("--zero needs --strategy ddp: it shards the optimizer state among processes, and "
+                          "DataParallel's replicas are threads of one");
+  }
 
   data::DataFolder data;
   comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options); });
@@ -176,9 +182,14 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
     if (p.requires_grad()) trainable.push_back(p);
   }
   // The per-rank --lr: the loop multiplies it by the world size, as the seeds do.
-  torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(options.lr)
-                                             .momentum(options.momentum)
-                                             .weight_decay(options.weight_decay));
+  const auto sgd = torch::optim::SGDOptions(options.lr).momentum(options.momentum).weight_decay(options.weight_decay);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (options.zero) {
+    optimizer = std::make_unique<optim::ZeroRedundancyOptimizer>(
+        trainable, optim::make_optimizer<torch::optim::SGD>(sgd), communicator);
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(trainable, sgd);
+  }
 
   Loop loop(loop_options(options), communicator);
   LoopCallbacks& callbacks = loop.callbacks();
@@ -195,7 +206,7 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
       log::warn("skipped {} unreadable training images so far (--skip-bad-images)", data.image_train->skipped_images());
     };
   }
-  TrainResult result = loop.fit(model.module, optimizer, data.train, data.eval);
+  TrainResult result = loop.fit(model.module, *optimizer, data.train, data.eval);
 
   comm::run_on_all_ranks(group, "to save --save-weights", [&] {
     if (is_main && !options.save_weights.empty()) {

@@ -236,6 +236,41 @@ TEST(TrainProcesses, ResumedRunEndsWithTheSameWeightsAsAnUninterruptedOne) {
   EXPECT_EQ(read_lines(root + "/split/metrics.jsonl").size(), 2u);
 }
 
+// --zero shards the SGD state, which changes no arithmetic: the weights are the plain run's, and its checkpoints
+// (consolidated on rank 0, in the plain format) continue a run with --zero or without it.
+TEST(TrainProcesses, ZeroTrainsLikePlainSgdAndItsCheckpointsResumeWithOrWithoutIt) {
+  // 160 training samples, batch 16 per rank on 2 ranks: 5 steps per epoch.
+  const std::string data = write_tiny_mnist("zero_data", 160, 45);
+  const std::string root = make_temp_dir("zero_runs");
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--data", data, "--epochs", "2", "--batch-size", "16", "--threads", "1",
+                                     "--lr", "0.05", "--seed", "3", "--timeout", "60"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  expect_success(run_train_ranks(2, with({"--run-dir", root + "/plain", "--save-weights", root + "/plain.safetensors"})),
+                 "plain run");
+  const auto zero = run_train_ranks(2, with({"--zero", "--run-dir", root + "/zero", "--save-weights",
+                                             root + "/zero.safetensors"}));
+  expect_success(zero, "--zero run");
+  EXPECT_NE(zero[0].output.find("zero:          SGD state sharded over 2 ranks"), std::string::npos) << zero[0].output;
+  expect_same_weights(root + "/plain.safetensors", root + "/zero.safetensors");
+
+  // Stopped after the first epoch under --zero, continued once with --zero and once without.
+  expect_success(run_train_ranks(2, with({"--zero", "--run-dir", root + "/split", "--steps", "5"})), "first half");
+  std::filesystem::copy(root + "/split", root + "/split_plain", std::filesystem::copy_options::recursive);
+  for (const auto& [dir, flags] : {std::pair<std::string, std::vector<std::string>>{"split", {"--zero"}},
+                                   std::pair<std::string, std::vector<std::string>>{"split_plain", {}}}) {
+    std::vector<std::string> extra = {"--run-dir", root + "/" + dir, "--resume", "--save-weights",
+                                      root + "/" + dir + ".safetensors"};
+    extra.insert(extra.end(), flags.begin(), flags.end());
+    const auto resumed = run_train_ranks(2, with(extra));
+    expect_success(resumed, "resumed " + dir);
+    EXPECT_NE(resumed[0].output.find("resuming from"), std::string::npos) << resumed[0].output;
+    expect_same_weights(root + "/plain.safetensors", root + "/" + dir + ".safetensors");
+  }
+}
+
 TEST(TrainProcesses, RankKilledMidEpochIsContinuedFromTheNewestCheckpointToTheSameWeightsAndMetrics) {
   // 160 training samples, batch 16 per rank on 2 ranks: 5 steps per epoch, 15 in all; a checkpoint every 2
   // steps inside an epoch and at each epoch end.
@@ -461,6 +496,10 @@ TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {
 
 TEST(TrainProcesses, DpReplicasWithoutStrategyDpIsOneLine) {
   expect_one_line_failure("dp_replicas_ddp", {"--dp-replicas", "2"}, "--dp-replicas needs --strategy dp");
+}
+
+TEST(TrainProcesses, ZeroWithStrategyDpIsOneLine) {
+  expect_one_line_failure("zero_dp", {"--strategy", "dp", "--zero"}, "--zero needs --strategy ddp");
 }
 
 #if TORCH_VERSION_MAJOR < 2

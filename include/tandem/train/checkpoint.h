@@ -62,7 +62,8 @@ struct ExtraState {
 };
 
 // Writes model + optimizer + `state` (+ `extra`) to `path` atomically. `module` is the bare model (not a wrapper),
-// so names are the PyTorch ones.
+// so names are the PyTorch ones. A ZeroRedundancyOptimizer must have been consolidated onto the calling rank
+// (consolidate_state_dict, on every rank) since its last step.
 void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
                      const CheckpointState& state, const ExtraState& extra = {});
 
@@ -75,7 +76,8 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra = nullptr);
 
-// The C++ type of an optimizer as a checkpoint records it, e.g. "torch::optim::AdamW".
+// The C++ type of an optimizer as a checkpoint records it, e.g. "torch::optim::AdamW"; for an
+// optim::ZeroRedundancyOptimizer, its local optimizer's type, whose format its consolidated state has.
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer);
 
 }  // namespace tandem::train

@@ -21,6 +21,9 @@
 // from it, ending bit-identical to an uninterrupted run. A non-finite loss on any rank stops every rank at the
 // same step with NonFiniteLossError.
 //
+// The optimizer may be an optim::ZeroRedundancyOptimizer over the same communicator (each rank keeps its share of
+// the state; checkpoints consolidate it on rank 0 and hold what the plain optimizer would).
+//
 // Test hook: environment variable TANDEM_INJECT_NAN_AT_STEP=RANK:STEP makes rank RANK's loss NaN at optimizer
 // step STEP (0-based, counted from the start of the run).
 #include <torch/optim/optimizer.h>

@@ -2,7 +2,7 @@
 // `tandem train`: the seeds' training program (train_multi_GPU's main(), done right), in the library so that
 // tests drive it directly. Every rank calls train() with the same options; apps/train.cpp only parses flags.
 // It opens --data (data/data_folder.h), builds the --model from the registry, loads --init weights, swaps in
-// SyncBatchNorm, freezes layers, makes the seeds' SGD and hands all of it to the training loop (train/loop.h),
+// SyncBatchNorm, freezes layers, makes the seeds' SGD (sharded with --zero) and hands all of it to the training loop (train/loop.h),
 // which does the rest: DDP, the schedule, evaluation, metrics, checkpoints and resume.
 #include <cstdint>
 #include <optional>
@@ -30,6 +30,8 @@ struct TrainOptions {
   double lrf = 0.1;                        // final lr = lr * lrf (cosine per epoch)
   double momentum = 0.9;
   double weight_decay = 0.005;
+  // Shard the SGD state among the ranks (optim/zero_redundancy_optimizer.h); needs Strategy::kDdp.
+  bool zero = false;
   int64_t max_steps = 0;                   // stop after this many optimizer steps in all; 0: no limit
   uint64_t seed = 0;                       // sampler seed and initial weights
   bool shuffle = true;

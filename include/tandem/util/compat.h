@@ -32,6 +32,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -140,6 +143,24 @@ inline bool serve_from_listening_socket(c10d::TCPStoreOptions& options, int list
 inline void drop_gradients(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) param.mutable_grad() = torch::Tensor();
+  }
+}
+
+// The key of `parameter`'s entry in an optimizer's per-parameter state(): its TensorImpl's address as text in
+// 1.x (written as c10::guts::to_string writes a pointer), the address itself in 2.x. Deducing the key type keeps
+// both builds on one code path (a template, so that only the branch of the build's key type is compiled). Two
+// optimizers over the same parameter tensor use the same key.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const torch::Tensor& parameter) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << static_cast<const void*>(parameter.unsafeGetTensorImpl());
+    return out.str();
+  } else {
+    return static_cast<Key>(parameter.unsafeGetTensorImpl());
   }
 }
 
