@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -92,6 +93,7 @@ class PowerSgdHook : public CommHook {
     comm::WorkPtr p_work =
         state.p_memory.numel() > 0 ? all_reduce(communicator, state.p_memory, comm::ReduceOp::Sum) : nullptr;
     comm::WorkPtr first = p_work ? p_work : plain_work;
+    TANDEM_CHECK(first, "bucket ", bucket.index, " holds no elements");
     return then(first, [this, &communicator, &state, plain_work, p_work, last] {
       if (plain_work && p_work) plain_work->wait();
       decompress(communicator, state);
