@@ -138,6 +138,19 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def register_comm_hook(model, args):
+    """The hook `tandem bench train --comm-hook` names, PyTorch's own of the same kind."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if args.comm_hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                            start_powerSGD_iter=args.powersgd_start)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
 def worker(rank, args, port, results):
     torch.set_num_threads(args.threads)
     world = args.nproc
@@ -153,6 +166,7 @@ def worker(rank, args, port, results):
     if distributed:
         model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
                                         gradient_as_bucket_view=args.gradient_as_bucket_view)
+        register_comm_hook(model, args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
     loss_function = torch.nn.CrossEntropyLoss()
     channels = 1 if args.model == "cnn" else 3
@@ -207,6 +221,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP bucket size in MiB")
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
+    parser.add_argument("--comm-hook", choices=["average", "fp16", "bf16", "powersgd"], default="average",
+                        help="how DDP reduces each bucket (average: no hook)")
+    parser.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's matrix_approximation_rank")
+    parser.add_argument("--powersgd-start", type=int, default=2, help="PowerSGD's start_powerSGD_iter")
     parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", type=float, default=300,

@@ -1,5 +1,6 @@
 #include "tandem/bench/train_bench.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -30,6 +31,14 @@ double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
 
 }  // namespace
 
+ddp::CommHookPtr make_comm_hook(const std::string& name, const ddp::PowerSgdOptions& powersgd) {
+  if (name == "average") return ddp::make_average_hook();
+  if (name == "fp16") return ddp::make_fp16_compress_hook();
+  if (name == "bf16") return ddp::make_bf16_compress_hook();
+  if (name == "powersgd") return ddp::make_powersgd_hook(powersgd);
+  throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are average, fp16, bf16 and powersgd", name));
+}
+
 double median_of(std::vector<double> values) {
   TANDEM_CHECK(!values.empty(), "median of nothing");
   std::sort(values.begin(), values.end());
@@ -55,7 +64,13 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   (*model).to(options.device);
   std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> distributed;
-  if (communicator) distributed.emplace(model, communicator, options.ddp);
+  ddp::CommHookPtr hook;
+  if (communicator) {
+    ddp::DdpOptions ddp_options = options.ddp;
+    hook = make_comm_hook(options.comm_hook, options.powersgd);
+    ddp_options.comm_hook = hook;
+    distributed.emplace(model, communicator, ddp_options);
+  }
   std::optional<dp::DataParallel> data_parallel;
   if (!replica_devices.empty()) data_parallel.emplace(model, dp::DataParallelOptions{replica_devices, {}});
   auto forward = [&](const torch::Tensor& x) {
@@ -96,6 +111,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
 
   for (int i = 0; i < options.warmup; ++i) step(i, nullptr);
   TrainBenchResult result;
+  const int64_t bytes_before = hook ? hook->bytes_all_reduced() : 0;
   for (int r = 0; r < options.repeats; ++r) {
     synchronize(options.device);
     if (communicator) communicator->barrier()->wait();
@@ -104,6 +120,10 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
     synchronize(options.device);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / options.steps;
     result.ms_per_step.push_back(slowest_ms(ms, communicator));
+  }
+  if (hook) {
+    result.bytes_per_step =
+        static_cast<double>(hook->bytes_all_reduced() - bytes_before) / (options.repeats * options.steps);
   }
   result.ms_median = median_of(result.ms_per_step);
   result.ms_min = *std::min_element(result.ms_per_step.begin(), result.ms_per_step.end());

@@ -35,7 +35,7 @@ class AverageHook : public CommHook {
   std::string name() const override { return "average"; }
   comm::WorkPtr launch(comm::Communicator& communicator, const GradBucket& bucket) override {
     torch::Tensor buffer = bucket.buffer;
-    return communicator.all_reduce(buffer, comm::ReduceOp::Avg);
+    return all_reduce(communicator, buffer, comm::ReduceOp::Avg);
   }
 };
 
@@ -61,7 +61,7 @@ class CompressionHook : public CommHook {
     // the result anyway.
     bucket.buffer.div_(communicator.world_size());
     wire.copy_(bucket.buffer);
-    comm::WorkPtr work = communicator.all_reduce(wire, comm::ReduceOp::Sum);
+    comm::WorkPtr work = all_reduce(communicator, wire, comm::ReduceOp::Sum);
     torch::Tensor buffer = bucket.buffer;
     return then(std::move(work), [buffer, wire]() mutable { buffer.copy_(wire); });
   }
@@ -73,6 +73,11 @@ class CompressionHook : public CommHook {
 };
 
 }  // namespace
+
+comm::WorkPtr CommHook::all_reduce(comm::Communicator& communicator, torch::Tensor& tensor, comm::ReduceOp op) {
+  bytes_all_reduced_ += tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  return communicator.all_reduce(tensor, op);
+}
 
 comm::WorkPtr then(comm::WorkPtr inner, std::function<void()> continuation) {
   return std::make_shared<ThenWork>(std::move(inner), std::move(continuation));

@@ -326,7 +326,9 @@ void Reducer::launch_complete_buckets() {
     Bucket& bucket = buckets_[index];
     const bool recording = timeline_ && timeline_->recording();
     if (recording) bucket.launched_at = monitor::TimelineClock::now();
-    bucket.work = options_.comm_hook->launch(*communicator_, GradBucket{index, buckets_.size(), bucket.buffer});
+    GradBucket grad_bucket{index, buckets_.size(), bucket.buffer, {}};
+    for (size_t param : layouts_[index].params) grad_bucket.gradients.push_back(params_[param].bucket_view);
+    bucket.work = options_.comm_hook->launch(*communicator_, grad_bucket);
     if (recording) {
       auto completed_at = std::make_shared<std::atomic<monitor::TimelineClock::rep>>(0);
       bucket.completed_at = completed_at;

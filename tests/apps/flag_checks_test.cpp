@@ -33,6 +33,7 @@ TEST(FlagChecks, WholeNumberBelowItsMinimumIsOneShortLine) {
   expect_refused({"train", "--batch-size", "0"}, "--batch-size: must be at least 1, not 0");
   expect_refused({"train", "--keep-checkpoints", "-1"}, "--keep-checkpoints: must be at least 0, not -1");
   expect_refused({"bench", "train", "--rounds", "0"}, "--rounds: must be at least 1, not 0");
+  expect_refused({"bench", "train", "--powersgd-start", "1"}, "--powersgd-start: must be at least 2, not 1");
 }
 
 TEST(FlagChecks, RealNumberOutsideItsRangeIsOneShortLine) {
@@ -59,6 +60,7 @@ TEST(FlagChecks, TheBoundsThemselvesAreAccepted) {
       {"train", "--val-split", "0"},       {"train", "--val-split", "0.99"},
       {"train", "--min-crop-scale", "0.01"}, {"train", "--min-crop-scale", "1"},
       {"train", "--lr", "1e-9"},           {"bench", "train", "--rounds", "1"},
+      {"bench", "train", "--powersgd-start", "2"},
   };
   for (std::vector<std::string> args : at_the_bounds) {
     args.push_back("--help");

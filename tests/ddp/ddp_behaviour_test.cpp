@@ -167,7 +167,7 @@ TEST(DdpCommHook, Fp16CompressionAveragesAGradientBeyondFloat16sRange) {
   run_thread_ranks(2, [](int rank, comm::Communicator& communicator) {
     // Rank 0's gradient is above float16's largest value (65504); the average of the two ranks' is not.
     torch::Tensor buffer = torch::full({16}, rank == 0 ? 70000.0f : 0.0f);
-    ddp::make_fp16_compress_hook()->launch(communicator, ddp::GradBucket{0, 1, buffer})->wait();
+    ddp::make_fp16_compress_hook()->launch(communicator, ddp::GradBucket{0, 1, buffer, {}})->wait();
     EXPECT_TRUE(torch::allclose(buffer, torch::full({16}, 35000.0f), 1e-3)) << buffer[0].item<float>();
   });
 }

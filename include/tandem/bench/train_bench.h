@@ -11,6 +11,7 @@
 
 #include "tandem/comm/communicator.h"
 #include "tandem/ddp/ddp_options.h"
+#include "tandem/ddp/powersgd_hook.h"
 
 namespace tandem::bench {
 
@@ -25,6 +26,9 @@ struct TrainBenchOptions {
   uint64_t seed = 0;
   torch::Device device = torch::kCPU;  // model and data live here; a GPU is synchronised before each reading
   ddp::DdpOptions ddp;  // bucket sizes and gradient_as_bucket_view, as the command line sets them
+  // How DDP reduces each bucket: average, fp16, bf16 or powersgd (with `powersgd`); each process makes its own.
+  std::string comm_hook = "average";
+  ddp::PowerSgdOptions powersgd;
   // Non-empty: one process trains with dp::DataParallel, a replica on each of these devices (the first must be
   // `device`), batch_size samples each; with no communicator only.
   std::vector<torch::Device> data_parallel_devices;
@@ -42,7 +46,13 @@ struct TrainBenchResult {
   // timeline (monitor/timeline_trace.h) over one more untimed repeat, averaged over the ranks; -1 without DDP.
   double hidden_share = -1;
   int64_t parameters = 0;
+  // What the comm hook handed to all-reduces per timed step, on this rank (the last bucket's few bookkeeping
+  // elements included); 0 without DDP.
+  double bytes_per_step = 0;
 };
+
+// The hook `name` (see TrainBenchOptions::comm_hook) stands for; InvalidArgument for any other name.
+ddp::CommHookPtr make_comm_hook(const std::string& name, const ddp::PowerSgdOptions& powersgd);
 
 // With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel and the call is
 // collective; with null it trains alone, or in DataParallel (options.data_parallel_devices). The data are random images shaped like Fashion-MNIST made before

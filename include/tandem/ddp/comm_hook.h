@@ -5,9 +5,12 @@
 //
 // Contract: after wait(), bucket.buffer must hold the element-wise mean over all ranks of the buffers they
 // passed in (the whole buffer: the reducer keeps a few bookkeeping elements at the end of the last bucket).
-// The built-in hooks may be shared by several models; they keep per-bucket scratch space keyed by the buffer.
+// The average and fp16/bf16 hooks may be shared by several models; they keep per-bucket scratch space keyed by
+// the buffer. PowerSGD (ddp/powersgd_hook.h) keeps per-model state and serves one model.
 #include <torch/types.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +24,9 @@ struct GradBucket {
   size_t index = 0;          // 0 is launched first
   size_t bucket_count = 0;
   torch::Tensor buffer;      // flat, one dtype; reduced in place
+  // Views into `buffer`, shaped like the bucket's parameters, in the order they lie in it, for hooks that work
+  // per parameter. The elements of `buffer` after the last view are the reducer's bookkeeping: average them.
+  std::vector<torch::Tensor> gradients;
 };
 
 class CommHook {
@@ -28,6 +34,17 @@ class CommHook {
   virtual ~CommHook() = default;
   virtual std::string name() const = 0;
   virtual comm::WorkPtr launch(comm::Communicator& communicator, const GradBucket& bucket) = 0;
+
+  // Bytes this hook has handed to all-reduces since it was made, over every bucket and model it served: what a
+  // rank contributes per step is the difference across that step (a ring all-reduce then moves about twice
+  // that over each rank's link). Only what goes through all_reduce() below is counted.
+  int64_t bytes_all_reduced() const { return bytes_all_reduced_.load(); }
+
+ protected:
+  comm::WorkPtr all_reduce(comm::Communicator& communicator, torch::Tensor& tensor, comm::ReduceOp op);
+
+ private:
+  std::atomic<int64_t> bytes_all_reduced_{0};
 };
 using CommHookPtr = std::shared_ptr<CommHook>;
 

@@ -1,0 +1,52 @@
+#pragma once
+// `tandem bench train` as a whole. The driver starts, for each world size N and each round, N independent
+// processes (no communication: the baseline), an N-rank DDP job (through `tandem run`, or mpirun for mpi) and,
+// for N > 1, one DataParallel process with N replicas, each a worker of this same program writing its
+// TrainBenchResult as JSON; with --compare pytorch it runs bench/pytorch_ddp_bench.py alike, in the same round.
+// Then it prints one table row per framework, wrapper and N (medians over rounds, ratios paired within a
+// round, so a machine that drifts between rounds moves both sides alike) and writes the same as JSON.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/bench/train_bench.h"
+
+namespace tandem::bench {
+
+struct TrainDriverOptions {
+  std::string device = "auto";  // cpu, cuda or auto; resolved once, so every worker and PyTorch run alike
+  std::string backend;          // empty: nccl on a GPU, gloo on the CPU
+  std::vector<int> world_sizes{1, 2};
+  TrainBenchOptions bench;
+  int threads = 1;  // intra-op threads per process
+  int rounds = 1;
+  bool compare_pytorch = false;
+  std::string pytorch_script = "bench/pytorch_ddp_bench.py";
+  std::string json_path;  // empty: no JSON
+  std::string program;    // this program, whose `run` subcommand starts the DDP workers
+  // The arguments, after `program`, of one worker, given its settings: mode ("ddp", "independent" or
+  // "data-parallel"), replicas (data-parallel) and the file it writes its result to, already quoted for the
+  // shell. The program's flags are its own to spell.
+  std::function<std::string(const TrainDriverOptions& settings, const std::string& mode, int replicas,
+                            const std::string& result_path)>
+      worker_arguments;
+};
+
+// Throws InvalidArgument for settings the PyTorch side cannot match, CommError when a worker fails.
+void run_train_driver(TrainDriverOptions options);
+
+struct TrainWorkerOptions {
+  std::string mode;  // ddp, independent or data-parallel
+  int replicas = 1;  // data-parallel only
+  std::string result_path;
+  std::string device;
+  std::string backend;
+  int threads = 1;
+  TrainBenchOptions bench;
+};
+
+// One worker: a rank of the DDP job (joins the process group from the environment), one independent process
+// (LOCAL_RANK picks its GPU) or the DataParallel process. Rank 0 writes the result.
+void run_train_worker(TrainWorkerOptions options);
+
+}  // namespace tandem::bench

@@ -1,0 +1,116 @@
+#include "tandem/bench/allreduce_command.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tandem/bench/allreduce_bench.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/util/error.h"
+
+namespace tandem::bench {
+namespace {
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+void run_allreduce_command(const AllreduceCommandOptions& flags) {
+  AllreduceBenchOptions options;
+  options.sizes = parse_sizes(flags.sizes);
+  options.iters = flags.iters;
+  options.warmup = flags.warmup;
+  const int64_t memcpy_bytes = parse_size(flags.memcpy_size);
+
+  InitOptions init;
+  init.device = flags.device;
+  init.backend = flags.backend;
+  init.timeout = std::chrono::seconds(flags.timeout_s);
+  ProcessGroup& group = init_process_group(init);
+  options.device = group.device();
+  comm::Communicator& comm = group.communicator();
+  const bool main = is_main_process();
+  const unsigned cores = std::thread::hardware_concurrency();
+
+  // The ceiling on one host: one thread copying memory, measured by rank 0 while the others wait, so the
+  // figure is the same whatever the world size.
+  MemcpyResult copy;
+  if (main) copy = measure_memcpy(memcpy_bytes, 10, options.device);
+  barrier();
+
+  if (main) {
+    fmt::print("# tandem bench allreduce: backend {}, {} ranks, float32 sum in place on {}, host {} ({} cores, {})\n",
+               comm.backend_name(), comm.world_size(), options.device.str(), host_name(), cores, cpu_model());
+    fmt::print("# sizes {}, iters {}, warmup {}; busbw = algbw * 2(n-1)/n (nccl-tests)\n", flags.sizes,
+               flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup);
+    fmt::print("# {} bandwidth ({}{}): {:.2f} GB/s\n", options.device.is_cuda() ? "device-to-device copy" : "memcpy",
+               options.device.is_cuda() ? "" : "1 thread, ", format_size(copy.bytes), copy.gbps);
+    fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",
+               "busbw(GB/s)", "busbw/memcpy", "check");
+    std::fflush(stdout);
+  }
+  std::vector<AllreduceRow> rows;
+  // One size at a time, so the table grows as the run goes.
+  for (int64_t size : options.sizes) {
+    AllreduceBenchOptions one = options;
+    one.sizes = {size};
+    AllreduceRow row = run_allreduce_bench(comm, one).front();
+    rows.push_back(row);
+    if (main) {
+      fmt::print("{:>8} {:>6} {:>13.1f} {:>12.3f} {:>12.3f} {:>13.1f}% {:>6}\n", format_size(row.bytes), row.iters,
+                 row.seconds_per_op * 1e6, row.algbw_gbps, row.busbw_gbps, 100.0 * row.busbw_gbps / copy.gbps,
+                 row.correct ? "ok" : "WRONG");
+      std::fflush(stdout);
+    }
+  }
+
+  if (main && !flags.json_path.empty()) {
+    nlohmann::json out;
+    out["benchmark"] = "allreduce";
+    out["backend"] = comm.backend_name();
+    out["world_size"] = comm.world_size();
+    out["dtype"] = "float32";
+    out["op"] = "sum";
+    out["host"] = {{"name", host_name()}, {"cores", cores}, {"cpu_model", cpu_model()}};
+    out["memcpy"] = {{"bytes", copy.bytes}, {"iters", copy.iters}, {"gbps", copy.gbps}};
+    for (const auto& row : rows) {
+      out["results"].push_back({{"bytes", row.bytes},
+                                {"iters", row.iters},
+                                {"time_us", row.seconds_per_op * 1e6},
+                                {"algbw_gbps", row.algbw_gbps},
+                                {"busbw_gbps", row.busbw_gbps},
+                                {"busbw_over_memcpy", row.busbw_gbps / copy.gbps},
+                                {"correct", row.correct}});
+    }
+    std::ofstream file(flags.json_path);
+    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
+    file << out.dump(2) << "\n";
+  }
+  destroy_process_group();
+  if (!std::all_of(rows.begin(), rows.end(), [](const auto& row) { return row.correct; })) {
+    throw CommError("an all-reduce gave a wrong result (see the check column)");
+  }
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,330 @@
+#include "tandem/bench/train_driver.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/comm/backend.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/util/device.h"
+#include "tandem/util/error.h"
+
+namespace tandem::bench {
+namespace {
+
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+nlohmann::json to_json(const TrainBenchResult& result) {
+  return {{"ms_per_step_median", result.ms_median}, {"ms_per_step_min", result.ms_min},
+          {"ms_per_step_max", result.ms_max},       {"repeats", result.ms_per_step},
+          {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters},
+          {"hidden_share", result.hidden_share},    {"bytes_per_step", result.bytes_per_step}};
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw CommError(fmt::format("a benchmark worker wrote no result to {}; see its output above", path));
+  return nlohmann::json::parse(file);
+}
+
+void run_or_throw(const std::string& command, const std::string& what) {
+  int status = std::system(command.c_str());
+  if (status != 0) throw CommError(fmt::format("{} failed (exit status {}); its command was: {}", what, status, command));
+}
+
+// One framework and wrapper at one world size: per round, the measured job and the independent processes that
+// it is compared with, run back to back so that both see the machine in the same state.
+struct TrainRow {
+  std::string framework;
+  std::string wrapper;  // DDP: a job of N processes; DP: DataParallel, one process with N replicas
+  int world_size = 1;
+  std::vector<nlohmann::json> job;          // the measured job, one result per round
+  std::vector<nlohmann::json> independent;  // N processes alone, the slowest one, one per round
+};
+
+double median_over_rounds(const std::vector<nlohmann::json>& rounds, const char* field) {
+  std::vector<double> values;
+  for (const auto& round : rounds) values.push_back(round.value(field, 0.0));
+  return median_of(values);
+}
+
+// Per-round ratio `numerator[field] / denominator[field]`, median over rounds: paired, so a machine that drifts
+// between rounds moves both sides of each ratio alike.
+double paired_ratio(const std::vector<nlohmann::json>& numerator, const std::vector<nlohmann::json>& denominator,
+                    const char* field) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < numerator.size(); ++r) {
+    ratios.push_back(numerator[r][field].get<double>() / denominator[r][field].get<double>());
+  }
+  return median_of(ratios);
+}
+
+std::string find_python() {
+  // PYTHON first (scripts/gpu-check sets it); then Debian's python3-torch, which installs into the system
+  // interpreter that a pyenv or venv python3 may shadow.
+  std::vector<std::string> candidates{"/usr/bin/python3", "python3"};
+  if (const char* chosen = std::getenv("PYTHON")) candidates.insert(candidates.begin(), chosen);
+  for (const std::string& candidate : candidates) {
+    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", shell_quoted(candidate)).c_str()) == 0) {
+      return shell_quoted(candidate);
+    }
+  }
+  throw UnsupportedError(
+      "--compare pytorch needs PyTorch for Python, which is not installed; on Debian: apt-get install -y "
+      "python3-torch (the bench installs nothing itself)");
+}
+
+// The models bench/pytorch_ddp_bench.py defines as well.
+bool pytorch_has_model(const std::string& model) { return model == "cnn" || model == "resnet18"; }
+
+// The DDP options that the PyTorch side script takes, spelled as it spells them.
+std::string pytorch_ddp_args(const TrainBenchOptions& options) {
+  std::string args = fmt::format("--bucket-cap-mb {}{} --comm-hook {}", options.ddp.bucket_cap_mb,
+                                 options.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "",
+                                 options.comm_hook);
+  if (options.comm_hook == "powersgd") {
+    args += fmt::format(" --powersgd-rank {} --powersgd-start {}", options.powersgd.matrix_approximation_rank,
+                        options.powersgd.start_powersgd_iter);
+  }
+  return args;
+}
+
+std::string describe_hook(const TrainBenchOptions& options) {
+  if (options.comm_hook != "powersgd") return options.comm_hook;
+  return fmt::format("powersgd (rank {}, from step {})", options.powersgd.matrix_approximation_rank,
+                     options.powersgd.start_powersgd_iter + 1);
+}
+
+void check_pytorch_can_match(const TrainDriverOptions& options) {
+  if (!pytorch_has_model(options.bench.model)) {
+    throw InvalidArgument(fmt::format("--compare pytorch has only cnn and resnet18 on the PyTorch side; drop --compare "
+                                      "to time --model {}", options.bench.model));
+  }
+  if (options.bench.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
+    throw InvalidArgument("--first-bucket-cap-mb has no counterpart in PyTorch's DDP; drop it with --compare pytorch");
+  }
+  const ddp::PowerSgdOptions defaults;
+  const ddp::PowerSgdOptions& powersgd = options.bench.powersgd;
+  if (options.bench.comm_hook == "powersgd" &&
+      (powersgd.min_compression_rate != defaults.min_compression_rate ||
+       powersgd.use_error_feedback != defaults.use_error_feedback || powersgd.warm_start != defaults.warm_start ||
+       powersgd.orthogonalization_epsilon != defaults.orthogonalization_epsilon ||
+       powersgd.random_seed != defaults.random_seed)) {
+    throw InvalidArgument("the PyTorch side takes PowerSGD's rank and start only; keep its other options at their "
+                          "defaults with --compare pytorch");
+  }
+  if (!std::filesystem::exists(options.pytorch_script)) {
+    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
+                                      "--pytorch-script", options.pytorch_script));
+  }
+}
+
+std::string format_megabytes(const std::vector<nlohmann::json>& rounds) {
+  const double bytes = median_over_rounds(rounds, "bytes_per_step");
+  return bytes > 0 ? fmt::format("{:.3f}", bytes / 1e6) : "-";
+}
+
+}  // namespace
+
+void run_train_driver(TrainDriverOptions options) {
+  // Resolved here once, so that every worker and the PyTorch side run on the same kind of device and backend.
+  const torch::Device device = select_device(options.device, 0);
+  options.device = device.is_cuda() ? "cuda" : "cpu";
+  if (options.backend.empty()) options.backend = comm::default_backend(device);
+  const bool compare = options.compare_pytorch;
+  if (compare) check_pytorch_can_match(options);
+  // Made before any process starts, so a mistyped hook fails once, here.
+  make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
+  std::string python = compare ? find_python() : "";
+  // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
+  const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string self = shell_quoted(options.program);
+  const std::string env = fmt::format("OMP_NUM_THREADS={} ", options.threads);
+  const TrainBenchOptions& bench = options.bench;
+  const auto& ddp_options = bench.ddp;
+  auto worker = [&](const std::string& mode, int replicas, const std::filesystem::path& result) {
+    return self + " " + options.worker_arguments(options, mode, replicas, shell_quoted(result.string()));
+  };
+  fmt::print(stderr,
+             "# tandem bench train: {} at {}x{} on {}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
+             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB){}, comm hook {}{}\n",
+             bench.model, bench.image_size, bench.image_size, options.device, bench.batch_size, options.threads,
+             options.rounds, bench.repeats, bench.steps, bench.warmup, options.backend, ddp_options.bucket_cap_mb,
+             ddp_options.first_bucket_cap_mb, ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
+             describe_hook(bench), compare ? ", vs PyTorch DDP" : "");
+
+  // One round of tandem at world size n: the independent processes, then the DDP job and the DataParallel
+  // process, which are both compared with the same independent processes.
+  auto tandem_round = [&](int n, TrainRow& row, TrainRow& data_parallel) {
+    // N processes with no communication, started together so they share the cores as the job does.
+    std::string together;
+    for (int i = 0; i < n; ++i) {
+      together += fmt::format("LOCAL_RANK={} {}{} & ", i, env,
+                              worker("independent", 1, dir / fmt::format("ind_{}_{}.json", n, i)));
+    }
+    run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
+    nlohmann::json slowest;
+    for (int i = 0; i < n; ++i) {
+      nlohmann::json one = read_json((dir / fmt::format("ind_{}_{}.json", n, i)).string());
+      if (slowest.is_null() || one["ms_per_step_median"] > slowest["ms_per_step_median"]) slowest = one;
+    }
+    row.independent.push_back(slowest);
+    if (n == 1) {
+      row.job.push_back(slowest);
+      return;
+    }
+    const auto result = dir / fmt::format("ddp_{}.json", n);
+    std::string command = options.backend == "mpi"
+                              ? fmt::format("{}mpirun {}-np {} {}", env, ::geteuid() == 0 ? "--allow-run-as-root " : "",
+                                            n, worker("ddp", 1, result))
+                              : fmt::format("{}{} run --nproc-per-node {} -- {}", env, self, n, worker("ddp", 1, result));
+    run_or_throw(command, fmt::format("the {}-rank DDP job", n));
+    row.job.push_back(read_json(result.string()));
+
+    const auto dp_result = dir / fmt::format("dp_{}.json", n);
+    run_or_throw(env + worker("data-parallel", n, dp_result),
+                 fmt::format("the DataParallel process with {} replicas", n));
+    data_parallel.job.push_back(read_json(dp_result.string()));
+    data_parallel.independent.push_back(slowest);
+  };
+  auto pytorch_round = [&](int n, TrainRow& row) {
+    for (const char* mode : {"independent", "ddp"}) {
+      std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
+      run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --model {} --image-size {} --device {} --backend {} "
+                               "--data random --batch-size {} --threads {} --steps {} --repeats {} --warmup {} {} > {}",
+                               env, python, shell_quoted(options.pytorch_script), n, mode, bench.model,
+                               bench.image_size, options.device, pytorch_backend, bench.batch_size, options.threads,
+                               bench.steps, bench.repeats, bench.warmup, pytorch_ddp_args(bench), shell_quoted(out)),
+                   "the PyTorch DDP script");
+      (std::string(mode) == "ddp" ? row.job : row.independent).push_back(read_json(out));
+    }
+  };
+
+  // Tandem's and PyTorch's DDP rows alternate (the comparison below pairs them); the DataParallel rows follow.
+  std::vector<TrainRow> rows, data_parallel_rows;
+  for (int n : options.world_sizes) {
+    TrainRow row{"tandem", n > 1 ? "DDP" : "-", n, {}, {}}, py{"pytorch", "DDP", n, {}, {}};
+    TrainRow dp{"tandem", "DP", n, {}, {}};
+    for (int round = 0; round < options.rounds; ++round) {
+      tandem_round(n, row, dp);
+      if (compare) pytorch_round(n, py);
+    }
+    rows.push_back(std::move(row));
+    if (compare) rows.push_back(std::move(py));
+    if (n > 1) data_parallel_rows.push_back(std::move(dp));
+  }
+  std::filesystem::remove_all(dir);
+  std::vector<TrainRow> table = rows;
+  table.insert(table.end(), data_parallel_rows.begin(), data_parallel_rows.end());
+
+  // hidden: the share of the gradient all-reduce that ran during backward, from a timeline of the steps (tandem's
+  // DDP only); est.hidden: the same share inferred from step times, 1 - (ms - indep ms) / all-reduce ms;
+  // MB/step: what the comm hook all-reduced per step on each rank (tandem's DDP only).
+  fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10} {:>11} {:>17} {:>13} {:>10} {:>8} {:>10} {:>9}\n", "framework", "wrapper",
+             "backend", "N", "samples/s", "ms/step", "spread(min..max)", "indep ms/step", "scaling", "hidden",
+             "est.hidden", "MB/step");
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& row : table) {
+    const double ms = median_over_rounds(row.job, "ms_per_step_median");
+    const double independent_ms = median_over_rounds(row.independent, "ms_per_step_median");
+    const double samples = row.world_size * bench.batch_size * 1000.0 / ms;
+    const double efficiency = paired_ratio(row.independent, row.job, "ms_per_step_median");
+    const double allreduce_ms = median_over_rounds(row.job, "allreduce_ms");
+    double fastest = row.job.front()["ms_per_step_min"], slowest = row.job.front()["ms_per_step_max"];
+    for (const auto& round : row.job) {
+      fastest = std::min(fastest, round["ms_per_step_min"].get<double>());
+      slowest = std::max(slowest, round["ms_per_step_max"].get<double>());
+    }
+    std::string estimated_hidden = "-";
+    if (row.world_size > 1 && allreduce_ms > 0) {
+      estimated_hidden =
+          fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
+    }
+    const bool tandem_ddp = row.framework == "tandem" && row.wrapper == "DDP";
+    std::string hidden = "-";
+    if (tandem_ddp && row.job.front().value("hidden_share", -1.0) >= 0) {
+      hidden = fmt::format("{:.0f}%", 100.0 * median_over_rounds(row.job, "hidden_share"));
+    }
+    const std::string megabytes = tandem_ddp ? format_megabytes(row.job) : "-";
+    // DataParallel communicates through memory, not a backend.
+    std::string backend = row.wrapper == "DP" ? "-" : row.framework == "pytorch" ? pytorch_backend : options.backend;
+    fmt::print("{:>9} {:>7} {:>7} {:>3} {:>10.1f} {:>11.2f} {:>17} {:>13.2f} {:>10.3f} {:>8} {:>10} {:>9}\n",
+               row.framework, row.wrapper, backend, row.world_size, samples, ms,
+               fmt::format("{:.2f}..{:.2f}", fastest, slowest), independent_ms, efficiency, hidden, estimated_hidden,
+               megabytes);
+    nlohmann::json entry{{"framework", row.framework}, {"wrapper", row.wrapper}, {"backend", backend},
+                         {"world_size", row.world_size}, {"samples_per_s", samples}, {"ms_per_step_median", ms},
+                         {"independent_ms_per_step", independent_ms}, {"scaling_efficiency", efficiency},
+                         {"hidden", hidden}, {"estimated_hidden", estimated_hidden},
+                         {"rounds", row.job}, {"independent_rounds", row.independent}};
+    if (tandem_ddp) entry["bytes_per_step"] = median_over_rounds(row.job, "bytes_per_step");
+    out.push_back(entry);
+  }
+  if (compare) {
+    for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+      fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size,
+                 paired_ratio(rows[i + 1].job, rows[i].job, "ms_per_step_median"));
+    }
+  }
+  if (!options.json_path.empty()) {
+    std::ofstream file(options.json_path);
+    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", options.json_path));
+    nlohmann::json json{{"benchmark", "train"},  {"model", bench.model},
+                        {"image_size", bench.image_size}, {"batch_size", bench.batch_size},
+                        {"threads", options.threads},     {"rounds", options.rounds},
+                        {"bucket_cap_mb", ddp_options.bucket_cap_mb},
+                        {"first_bucket_cap_mb", ddp_options.first_bucket_cap_mb},
+                        {"gradient_as_bucket_view", ddp_options.gradient_as_bucket_view},
+                        {"comm_hook", bench.comm_hook},   {"rows", out}};
+    if (bench.comm_hook == "powersgd") {
+      json["powersgd"] = {{"matrix_approximation_rank", bench.powersgd.matrix_approximation_rank},
+                          {"start_powersgd_iter", bench.powersgd.start_powersgd_iter}};
+    }
+    file << json.dump(2) << "\n";
+  }
+}
+
+void run_train_worker(TrainWorkerOptions options) {
+  int threads = options.threads;
+  TrainBenchOptions& bench = options.bench;
+  comm::CommunicatorPtr communicator;
+  if (options.mode == "ddp") {
+    InitOptions init;
+    init.device = options.device;
+    init.backend = options.backend;
+    ProcessGroup& group = init_process_group(init);
+    bench.device = group.device();
+    communicator = group.communicator_ptr();
+    if (communicator->world_size() < 2) communicator = nullptr;
+  } else if (options.mode == "data-parallel") {
+    // Replica k where rank k of the DDP job would be; the process gets the threads of all N ranks, so each
+    // replica's thread has one rank's (DataParallel shares them out) and the backward has all of them.
+    for (int k = 0; k < options.replicas; ++k) bench.data_parallel_devices.push_back(select_device(options.device, k));
+    bench.device = bench.data_parallel_devices.front();
+    make_current(bench.device);
+    threads *= options.replicas;
+  } else {
+    // Independent workers are started with LOCAL_RANK set, so that each takes the GPU a rank would.
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    bench.device = select_device(options.device, local_rank ? std::atoi(local_rank) : 0);
+    make_current(bench.device);
+  }
+  torch::set_num_threads(threads);
+  TrainBenchResult result = run_train_bench(bench, communicator);
+  if (is_main_process()) std::ofstream(options.result_path) << to_json(result).dump() << "\n";
+  if (is_initialized()) destroy_process_group();
+}
+
+}  // namespace tandem::bench
