@@ -26,6 +26,7 @@ struct TrainFlags {
   std::string compare;
   // Internal: set when this process is one of the workers the driver started.
   std::string worker_mode;
+  std::string bucket_plan = "adapt";
   int replicas = 1;  // of a data-parallel worker
   std::string result_path;
 };
@@ -36,15 +37,17 @@ std::string worker_arguments(const bench::TrainDriverOptions& d, const std::stri
   const auto& o = d.bench;
   return fmt::format(
       "bench train --model {} --image-size {} --device {} --backend {} --batch-size {} --steps {} --repeats {} "
-      "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {}{} --comm-hook {} --powersgd-rank {} "
-      "--powersgd-start {} --worker {} --replicas {} --result {}",
+      "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {} --bucket-plan {}{} --comm-hook {} "
+      "--powersgd-rank {} --powersgd-start {} --worker {} --replicas {} --result {}",
       o.model, o.image_size, d.device, d.backend, o.batch_size, o.steps, o.repeats, o.warmup, d.threads,
-      o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb, o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "",
+      o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb, o.ddp.bucket_plan == ddp::BucketPlan::kCaps ? "caps" : "adapt",
+      o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "",
       o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter, mode, replicas, result_path);
 }
 
 int run_train(TrainFlags& flags) {
   bench::TrainDriverOptions& d = flags.driver;
+  d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
   if (!flags.worker_mode.empty()) {
     bench::run_train_worker({flags.worker_mode, flags.replicas, flags.result_path, d.device, d.backend, d.threads, d.bench});
     return 0;
@@ -116,6 +119,11 @@ const CommandRegistration kBench{
                         "PyTorch fixes it at 1)")
           ->capture_default_str()
           ->check(greater_than(0));
+      train->add_option("--bucket-plan", train_flags->bucket_plan,
+                        "adapt: the caps above, or one bucket reduced at the end of backward where gloo or mpi would "
+                        "have no spare core to overlap it on (the ranks' threads take every core); caps: always the caps")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"adapt", "caps"}));
       train->add_flag("--gradient-as-bucket-view", train_flags->driver.bench.ddp.gradient_as_bucket_view,
                       "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
       train->add_option("--comm-hook", train_flags->driver.bench.comm_hook,

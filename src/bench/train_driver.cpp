@@ -84,6 +84,8 @@ std::string find_python() {
       "python3-torch (the bench installs nothing itself)");
 }
 
+const char* plan_name(ddp::BucketPlan plan) { return plan == ddp::BucketPlan::kCaps ? "caps" : "adapt"; }
+
 // The models bench/pytorch_ddp_bench.py defines as well.
 bool pytorch_has_model(const std::string& model) { return model == "cnn" || model == "resnet18"; }
 
@@ -159,10 +161,11 @@ void run_train_driver(TrainDriverOptions options) {
   };
   fmt::print(stderr,
              "# tandem bench train: {} at {}x{} on {}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
-             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB){}, comm hook {}{}\n",
+             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB, plan {}){}, comm hook {}{}\n",
              bench.model, bench.image_size, bench.image_size, options.device, bench.batch_size, options.threads,
              options.rounds, bench.repeats, bench.steps, bench.warmup, options.backend, ddp_options.bucket_cap_mb,
-             ddp_options.first_bucket_cap_mb, ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
+             ddp_options.first_bucket_cap_mb, plan_name(ddp_options.bucket_plan),
+             ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
              describe_hook(bench), compare ? ", vs PyTorch DDP" : "");
 
   // One round of tandem at world size n: the independent processes, then the DDP job and the DataParallel
@@ -286,6 +289,7 @@ void run_train_driver(TrainDriverOptions options) {
                         {"threads", options.threads},     {"rounds", options.rounds},
                         {"bucket_cap_mb", ddp_options.bucket_cap_mb},
                         {"first_bucket_cap_mb", ddp_options.first_bucket_cap_mb},
+                        {"bucket_plan", plan_name(ddp_options.bucket_plan)},
                         {"gradient_as_bucket_view", ddp_options.gradient_as_bucket_view},
                         {"comm_hook", bench.comm_hook},   {"rows", out}};
     if (bench.comm_hook == "powersgd") {

@@ -1,6 +1,9 @@
 #include "tandem/ddp/bucket.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <thread>
 #include <map>
 #include <string>
 #include <utility>
@@ -56,6 +59,17 @@ std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& param
   result.reserve(done.size());
   for (auto& entry : done) result.push_back(std::move(entry.second));
   return result;
+}
+
+bool ranks_fill_cores(int local_ranks, int threads_per_rank, int cores) {
+  return int64_t{local_ranks} * threads_per_rank >= cores;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace tandem::ddp

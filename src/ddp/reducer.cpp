@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 
+#include "tandem/comm/rank_layout.h"
 #include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
 
@@ -15,6 +17,15 @@ namespace tandem::ddp {
 namespace {
 
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
+// A cap no model reaches: one bucket per dtype.
+constexpr double kOneBucketMb = 1024.0 * 1024.0;
+
+// Whether this host's ranks' compute threads take every core this process may run on, leaving none for the
+// backend's communication threads (BucketPlan::kAdaptToHost).
+bool host_cores_taken_by_ranks() {
+  const int local_ranks = comm::detect_rank_layout().local_world_size;
+  return ranks_fill_cores(local_ranks, at::get_num_threads(), usable_cores());
+}
 
 constexpr const char* kUnusedParametersAdvice =
     "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
@@ -59,18 +70,27 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
     params_.push_back(std::move(param));
     trainable.push_back(item.value());
   }
-  layouts_ = assign_buckets(trainable, static_cast<int64_t>(options_.first_bucket_cap_mb * kBytesPerMb),
-                            static_cast<int64_t>(options_.bucket_cap_mb * kBytesPerMb));
+  layouts_ = plan_buckets(trainable, nullptr);
   if (world_size_ == 1) return;  // nothing to agree on or reduce: no hooks, no buffers, no cost
 
   verify_replicas_match(*communicator_, parameters, buffers,
-                        fmt::format("bucket_cap_mb={} first_bucket_cap_mb={} broadcast_buffers={} "
+                        fmt::format("bucket_cap_mb={} first_bucket_cap_mb={} bucket_plan={} broadcast_buffers={} "
                                     "find_unused_parameters={} static_graph={} gradient_as_bucket_view={} "
                                     "comm_hook={} check_replicas_every={}",
-                                    options_.bucket_cap_mb, options_.first_bucket_cap_mb, options_.broadcast_buffers,
+                                    options_.bucket_cap_mb, options_.first_bucket_cap_mb,
+                                    options_.bucket_plan == BucketPlan::kCaps ? "caps" : "adapt-to-host",
+                                    options_.broadcast_buffers,
                                     options_.find_unused_parameters, options_.static_graph,
                                     options_.gradient_as_bucket_view, options_.comm_hook->name(),
                                     options_.check_replicas_every));
+  if (options_.bucket_plan == BucketPlan::kAdaptToHost && communicator_->device().is_cpu()) {
+    torch::Tensor one_bucket = torch::tensor({host_cores_taken_by_ranks() ? int64_t{1} : int64_t{0}});
+    comm::broadcast_values(*communicator_, one_bucket, 0);
+    if (one_bucket.item<int64_t>() != 0) {
+      options_.first_bucket_cap_mb = options_.bucket_cap_mb = kOneBucketMb;
+      layouts_ = plan_buckets(trainable, nullptr);
+    }
+  }
   model_state_ = parameters.values();
   for (const auto& buffer : buffers.values()) model_state_.push_back(buffer);
   copy_replica_from(0);
@@ -92,6 +112,14 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].hook = compat::add_grad_ready_hook(params_[i].tensor, [this, i] { mark_ready(i); });
   }
+}
+
+// In the reverse registration order, or in `walk_order` where given.
+std::vector<BucketLayout> Reducer::plan_buckets(const std::vector<torch::Tensor>& trainable,
+                                                const std::vector<size_t>* walk_order) const {
+  const auto first_cap = static_cast<int64_t>(options_.first_bucket_cap_mb * kBytesPerMb);
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * kBytesPerMb);
+  return walk_order ? assign_buckets(trainable, *walk_order, first_cap, cap) : assign_buckets(trainable, first_cap, cap);
 }
 
 // The flat buffers of layouts_, each parameter's view of its slice, and the tail after the last payload.
@@ -152,8 +180,7 @@ void Reducer::rebuild_buckets() {
   }
   std::vector<torch::Tensor> trainable;
   for (const auto& param : params_) trainable.push_back(param.tensor);
-  layouts_ = assign_buckets(trainable, walk, static_cast<int64_t>(options_.first_bucket_cap_mb * kBytesPerMb),
-                            static_cast<int64_t>(options_.bucket_cap_mb * kBytesPerMb));
+  layouts_ = plan_buckets(trainable, &walk);
   if (options_.static_graph) unused_search_ = false;
   allocate_buckets();
   reset_iteration();

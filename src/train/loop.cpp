@@ -294,6 +294,7 @@ TrainResult Run::execute() {
   } else {
     ddp::DdpOptions ddp_options;
     ddp_options.check_replicas_every = options_.check_replicas_every;
+    ddp_options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
     ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
                                                                                  ddp_options);
   }

@@ -2,6 +2,8 @@
 // and static_graph drops the parameters the first iteration left unused.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include <mutex>
 
 #include "ddp_fixtures.h"
@@ -75,6 +77,36 @@ TEST(BucketRebuild, TrainingMatchesOneProcessAcrossTheRebuildWithGradientsAsBuck
   run_thread_ranks(s.world, [&](int rank, comm::Communicator& communicator) {
     EXPECT_LE(compare(train_ddp(s, rank, borrow(communicator)), expected).max_rel, 1e-5) << "rank " << rank;
   });
+}
+
+TEST(BucketPlan, RanksThatFillTheCoresLeaveNoneForCommunication) {
+  EXPECT_TRUE(ddp::ranks_fill_cores(2, 1, 2));
+  EXPECT_TRUE(ddp::ranks_fill_cores(1, 4, 2));
+  EXPECT_FALSE(ddp::ranks_fill_cores(2, 1, 4));
+  EXPECT_FALSE(ddp::ranks_fill_cores(2, 3, 8));
+  EXPECT_GE(ddp::usable_cores(), 1);
+}
+
+// Thread ranks of this process: LOCAL_WORLD_SIZE is unset, so this host holds one rank of get_num_threads()
+// threads for the plan. Rank 0's decision holds on every rank.
+TEST(BucketPlan, AdaptToHostMakesOneBucketWhereTheRanksFillTheCoresAndKeepsTheCapsElsewhere) {
+  const bool one_bucket = ddp::ranks_fill_cores(1, at::get_num_threads(), ddp::usable_cores());
+  std::mutex mutex;
+  std::vector<size_t> adapted(2), capped(2);
+  run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    ddp::DdpOptions options;
+    options.first_bucket_cap_mb = options.bucket_cap_mb = 1.0 / (1024 * 1024);  // one parameter per bucket
+    ddp::DistributedDataParallel<Reordered> caps(Reordered(), borrow(communicator), options);
+    options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
+    ddp::DistributedDataParallel<Reordered> adapt(Reordered(), borrow(communicator), options);
+    std::lock_guard<std::mutex> lock(mutex);
+    capped[rank] = caps.reducer().bucket_layouts().size();
+    adapted[rank] = adapt.reducer().bucket_layouts().size();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(capped[rank], 6u);
+    EXPECT_EQ(adapted[rank], one_bucket ? 1u : 6u) << "rank " << rank << ", one bucket expected: " << one_bucket;
+  }
 }
 
 TEST(StaticGraph, UnusedParametersLeaveTheBucketsAndTrainingStillMatches) {

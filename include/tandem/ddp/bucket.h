@@ -30,4 +30,10 @@ std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& param
 std::vector<BucketLayout> assign_buckets(const std::vector<torch::Tensor>& params, const std::vector<size_t>& walk_order,
                                          int64_t first_bucket_cap_bytes, int64_t bucket_cap_bytes);
 
+// True when `local_ranks` processes of `threads_per_rank` compute threads each take all `cores`: collectives
+// that run on the host then have no core to overlap backward on (BucketPlan::kAdaptToHost).
+bool ranks_fill_cores(int local_ranks, int threads_per_rank, int cores);
+// The cores this process may run on (its CPU affinity), at least 1.
+int usable_cores();
+
 }  // namespace tandem::ddp

@@ -7,6 +7,17 @@ namespace tandem::ddp {
 
 class CommHook;
 
+// How the gradients are cut into buckets.
+enum class BucketPlan {
+  // The caps below, as PyTorch does.
+  kCaps,
+  // The caps, unless the collectives run on the host (gloo, mpi) and this host's ranks' compute threads already
+  // take every core: a bucket reduced during backward then competes with backward for a core and slows it more
+  // than it hides (docs/reducer.md), so every gradient goes in one bucket per dtype, reduced at the end of
+  // backward. Rank 0 decides for all. tandem train and tandem bench train use it.
+  kAdaptToHost,
+};
+
 struct DdpOptions {
   // Gradients travel in buckets of about this many MiB; a bucket's all-reduce starts as soon as backward has
   // produced all of its gradients, so smaller buckets start communicating earlier.
@@ -14,6 +25,7 @@ struct DdpOptions {
   // The first bucket (the last layers' gradients, which backward produces first) is kept small so that
   // communication starts early, as in PyTorch.
   double first_bucket_cap_mb = 1.0;
+  BucketPlan bucket_plan = BucketPlan::kCaps;
   // Buffers (e.g. BatchNorm running statistics) follow rank 0 at each synchronised forward.
   bool broadcast_buffers = true;
   // The graph is the same in every iteration: the same parameters get gradients, in the same order. After the

@@ -116,6 +116,8 @@ class Reducer {
     std::vector<char> globally_used;  // per parameter, during the unused-parameter search only
   };
 
+  std::vector<BucketLayout> plan_buckets(const std::vector<torch::Tensor>& trainable,
+                                         const std::vector<size_t>* walk_order) const;
   void allocate_buckets();
   void rebuild_buckets();
   void after_agreement(const TailAgreement& agreement);
