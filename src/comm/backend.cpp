@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "tandem/comm/gloo/gloo_communicator.h"
 #include "tandem/comm/local_address.h"
@@ -9,6 +10,7 @@
 #include "tandem/util/error.h"
 #if TANDEM_HAVE_MPI
 #include "tandem/comm/mpi/mpi_communicator.h"
+#include "tandem/comm/mpi/mpi_store.h"
 #endif
 #if TANDEM_HAVE_NCCL
 #include "tandem/comm/nccl/nccl_communicator.h"
@@ -25,6 +27,28 @@ std::vector<std::string> available_backends() {
 
 std::string default_backend(const torch::Device& device) { return TANDEM_HAVE_NCCL && device.is_cuda() ? "nccl" : "gloo"; }
 
+namespace {
+
+// Whether the user or the launcher named a rendezvous, which every backend then uses.
+bool rendezvous_named(const std::string& init_method, const RankLayout& layout) {
+  return init_method != "env://" || layout.launcher_serves_store || !layout.store_file.empty() ||
+         process_environment()("MASTER_ADDR").has_value();
+}
+
+}  // namespace
+
+StorePtr make_rendezvous_store(const std::string& backend, const std::string& init_method, const RankLayout& layout,
+                               std::chrono::milliseconds timeout) {
+  // A world of one needs no network: an in-memory store keeps single-process runs free of ports.
+  if (!layout.distributed()) return c10::make_intrusive<c10d::HashStore>();
+#if TANDEM_HAVE_MPI
+  if (backend == "mpi" && !rendezvous_named(init_method, layout)) return open_store_over_mpi(timeout);
+#else
+  (void)backend;
+#endif
+  return make_store(init_method, layout, timeout);
+}
+
 CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,
                                   std::chrono::milliseconds timeout, const torch::Device& device) {
   if (backend == "gloo") {
@@ -35,7 +59,7 @@ CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& st
     return std::make_shared<GlooCommunicator>(store, layout.rank, layout.world_size, timeout, options);
   }
 #if TANDEM_HAVE_MPI
-  if (backend == "mpi") return std::make_shared<MpiCommunicator>(layout, timeout);
+  if (backend == "mpi") return std::make_shared<MpiCommunicator>(layout, timeout, store);
 #endif
 #if TANDEM_HAVE_NCCL
   if (backend == "nccl") return std::make_shared<NcclCommunicator>(store, layout, timeout, device);

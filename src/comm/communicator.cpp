@@ -1,6 +1,93 @@
 #include "tandem/comm/communicator.h"
 
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "tandem/comm/collective_tracker.h"
+#include "tandem/util/error.h"
+
 namespace tandem::comm {
+namespace {
+
+// A backend's work wrapped with what the base adds: failures reported through the tracker, and the end of an
+// emulation, run once the backend's part has completed.
+class TrackedWork : public Work {
+ public:
+  TrackedWork(WorkPtr backend_work, std::function<void()> on_complete,
+              std::function<void(const std::exception&)> report_failure)
+      : backend_work_(std::move(backend_work)),
+        on_complete_(std::move(on_complete)),
+        report_failure_(std::move(report_failure)) {}
+
+  void wait() override {
+    if (finished_) return;
+    try {
+      backend_work_->wait();
+    } catch (const UnsupportedError&) {
+      throw;
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (const std::exception& error) {
+      report_failure_(error);
+    }
+    if (on_complete_) on_complete_();
+    finished_ = true;
+  }
+
+  // The caller's tensor holds the result only once on_complete_ has run, so completing the work runs it too.
+  // Throws the collective's error, as wait() would.
+  bool is_completed() override {
+    if (!finished_ && backend_work_->is_completed()) wait();
+    return finished_;
+  }
+
+  void observe_completion(std::function<void()> observer) override {
+    backend_work_->observe_completion(std::move(observer));
+  }
+
+ private:
+  WorkPtr backend_work_;
+  std::function<void()> on_complete_;
+  std::function<void(const std::exception&)> report_failure_;
+  bool finished_ = false;
+};
+
+// How a reduction travels: `op` where the backend has it; an emulated average as a sum whose input or whose
+// result is divided by the world size.
+struct WireReduction {
+  ReduceOp op;
+  bool divide_input = false;
+  bool divide_result = false;
+};
+
+WireReduction wire_reduction(ReduceOp op, bool native_average, const torch::Tensor& tensor) {
+  if (op != ReduceOp::Avg || native_average) return {op};
+  // Dividing first keeps a half-precision sum of large values in range; integers can only divide the sum.
+  const bool divide_first = tensor.is_floating_point() || tensor.is_complex();
+  return {ReduceOp::Sum, divide_first, !divide_first};
+}
+
+// Only integer sums are divided afterwards (see wire_reduction).
+void divide_sum(torch::Tensor& tensor, int world_size) { tensor.div_(world_size, "trunc"); }
+
+std::string dtype_name(const torch::Tensor& tensor) { return c10::toString(tensor.scalar_type()); }
+
+// What a backend is handed: a complex tensor as a view of (real, imaginary) pairs, as PyTorch's
+// torch.distributed does, since neither c10d's Gloo nor MPI's reductions here know complex types. The view
+// shares the caller's memory, so in-place results land in the complex tensor.
+torch::Tensor on_wire(const torch::Tensor& tensor) {
+  return tensor.is_complex() ? torch::view_as_real(tensor) : tensor;
+}
+
+void check_defined_for_complex(const torch::Tensor& tensor, ReduceOp op, const std::string& operation) {
+  if (tensor.is_complex() && (op == ReduceOp::Min || op == ReduceOp::Max)) {
+    throw InvalidArgument(fmt::format("{} of {} tensors: complex numbers have no order; use sum or avg", operation,
+                                      dtype_name(tensor)));
+  }
+}
+
+}  // namespace
 
 std::string to_string(ReduceOp op) {
   switch (op) {
@@ -14,6 +101,128 @@ std::string to_string(ReduceOp op) {
       return "max";
   }
   return "unknown";
+}
+
+Communicator::Communicator(std::string backend_name, StorePtr store, int rank, int world_size,
+                           std::chrono::milliseconds timeout, Capabilities capabilities, torch::Device device)
+    : backend_name_(std::move(backend_name)),
+      rank_(rank),
+      world_size_(world_size),
+      timeout_(timeout),
+      capabilities_(capabilities),
+      device_(device),
+      tracker_(std::make_shared<CollectiveTracker>(std::move(store), rank, world_size)) {}
+
+Communicator::~Communicator() = default;
+
+WorkPtr Communicator::start_reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) {
+  TANDEM_CHECK(false, "backend ", backend_name_, " claims a reduce-scatter it does not implement");
+}
+
+void Communicator::report_connect_failure(const std::string& backend_message) {
+  tracker_->fail(backend_name_ + " connect", 0, backend_message, timeout_);
+}
+
+void Communicator::check_device(const torch::Tensor& tensor, const std::string& operation) const {
+  const auto& wanted = capabilities_.tensor_device;
+  if (!wanted || tensor.device().type() == *wanted) return;
+  const std::string advice = *wanted == torch::kCUDA ? "move them to the GPU (--device cuda) or use --backend gloo"
+                                                     : "move them to the CPU or use --backend nccl";
+  throw UnsupportedError(fmt::format("backend {} does not support {} tensors in {}; {}", backend_name_,
+                                     tensor.device().str(), operation, advice));
+}
+
+WorkPtr Communicator::issue(const std::string& operation, const std::function<WorkPtr()>& start,
+                            std::function<void()> on_complete) {
+  const uint64_t sequence = tracker_->begin();
+  auto report_failure = [tracker = tracker_, operation, sequence, timeout = timeout_](const std::exception& error) {
+    tracker->fail(operation, sequence, error.what(), timeout);
+  };
+  WorkPtr backend_work;
+  try {
+    backend_work = start();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& error) {
+    report_failure(error);
+  }
+  return std::make_shared<TrackedWork>(std::move(backend_work), std::move(on_complete), std::move(report_failure));
+}
+
+WorkPtr Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  const std::string operation = "all_reduce(" + to_string(op) + ")";
+  check_device(tensor, operation);
+  check_defined_for_complex(tensor, op, operation);
+  const WireReduction wire = wire_reduction(op, capabilities_.average, tensor);
+  if (wire.divide_input) tensor.div_(world_size_);
+  std::function<void()> finish;
+  if (wire.divide_result) finish = [tensor, world = world_size_]() mutable { divide_sum(tensor, world); };
+  torch::Tensor sent = on_wire(tensor);
+  return issue(operation, [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
+}
+
+WorkPtr Communicator::broadcast(torch::Tensor& tensor, int root) {
+  if (root < 0 || root >= world_size_) {
+    throw InvalidArgument(fmt::format("broadcast root {} is outside world size {}", root, world_size_));
+  }
+  check_device(tensor, "broadcast");
+  torch::Tensor sent = on_wire(tensor);
+  return issue("broadcast", [&] { return start_broadcast(sent, root); });
+}
+
+WorkPtr Communicator::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
+  if (static_cast<int>(outputs.size()) != world_size_) {
+    throw InvalidArgument(
+        fmt::format("all_gather needs {} output tensors (one per rank), got {}", world_size_, outputs.size()));
+  }
+  check_device(input, "all_gather");
+  for (const auto& output : outputs) {
+    check_device(output, "all_gather");
+    if (output.numel() != input.numel() || output.scalar_type() != input.scalar_type()) {
+      throw InvalidArgument(fmt::format("all_gather outputs must match the input ({} elements of {}), got {} of {}",
+                                        input.numel(), dtype_name(input), output.numel(), dtype_name(output)));
+    }
+  }
+  std::vector<torch::Tensor> received;
+  for (const auto& output : outputs) received.push_back(on_wire(output));
+  return issue("all_gather", [&] { return start_all_gather(received, on_wire(input)); });
+}
+
+WorkPtr Communicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+  const std::string operation = "reduce_scatter(" + to_string(op) + ")";
+  if (input.numel() != output.numel() * world_size_) {
+    throw InvalidArgument(fmt::format("reduce_scatter input has {} elements; it must be world size {} x output's {}",
+                                      input.numel(), world_size_, output.numel()));
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    throw InvalidArgument(fmt::format("reduce_scatter input is {} but output is {}; they must match",
+                                      dtype_name(input), dtype_name(output)));
+  }
+  check_device(input, operation);
+  check_device(output, operation);
+  check_defined_for_complex(input, op, operation);
+  const WireReduction wire = wire_reduction(op, capabilities_.average, input);
+  // The caller's input is read-only here: a division goes into a new tensor.
+  torch::Tensor send = wire.divide_input ? input.div(world_size_) : input;
+  if (capabilities_.reduce_scatter) {
+    std::function<void()> finish;
+    if (wire.divide_result) finish = [output, world = world_size_]() mutable { divide_sum(output, world); };
+    torch::Tensor received = on_wire(output);
+    return issue(operation, [&] { return start_reduce_scatter(received, on_wire(send), wire.op); }, std::move(finish));
+  }
+  // Emulated: all-reduce a copy of the whole input and keep this rank's chunk.
+  torch::Tensor reduced = send.is_same(input) ? input.contiguous().clone() : send.contiguous();
+  auto finish = [output, reduced, divide = wire.divide_result, rank = rank_, world = world_size_]() mutable {
+    torch::Tensor mine = reduced.view({world, -1})[rank].view(output.sizes());
+    if (divide) divide_sum(mine, world);
+    output.copy_(mine);
+  };
+  torch::Tensor sent = on_wire(reduced);
+  return issue(operation, [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
+}
+
+WorkPtr Communicator::barrier() {
+  return issue("barrier", [&] { return start_barrier(); });
 }
 
 }  // namespace tandem::comm

@@ -1,7 +1,5 @@
 #include "tandem/comm/process_group.h"
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
 #include "tandem/comm/backend.h"
 #include "tandem/comm/value_collectives.h"
 #include "tandem/util/device.h"
@@ -27,11 +25,8 @@ ProcessGroup& init_process_group(const InitOptions& options) {
   const torch::Device device = select_device(options.device, layout.local_rank);
   make_current(device);
   std::string backend = options.backend.empty() ? comm::default_backend(device) : options.backend;
-  // A world of one needs no network: an in-memory store keeps single-process runs free of ports.
-  comm::StorePtr store = layout.distributed() && backend != "mpi"
-                             ? comm::make_store(options.init_method, layout, options.timeout)
-                             : comm::StorePtr(c10::make_intrusive<c10d::HashStore>());
-  if (layout.distributed() && backend != "mpi") comm::join(*store, layout.rank, layout.world_size, options.timeout);
+  comm::StorePtr store = comm::make_rendezvous_store(backend, options.init_method, layout, options.timeout);
+  if (layout.distributed()) comm::join(*store, layout.rank, layout.world_size, options.timeout);
   comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, options.timeout, device);
   default_group_ = std::make_unique<ProcessGroup>(layout, device, store, communicator);
   return *default_group_;

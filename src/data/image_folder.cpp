@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include "tandem/data/image.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
+#include "tandem/util/task_queue.h"
 
 namespace tandem::data {
 namespace fs = std::filesystem;
@@ -29,14 +29,10 @@ namespace detail {
 class WorkerPool {
  public:
   explicit WorkerPool(int threads) {
-    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
+    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { tasks_.run_until_stopped(); });
   }
   ~WorkerPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
+    tasks_.stop();
     for (auto& thread : threads_) thread.join();
   }
 
@@ -59,35 +55,14 @@ class WorkerPool {
       if (job->done == count) job->finished.notify_all();
     };
     const int64_t helpers = std::min<int64_t>(static_cast<int64_t>(threads_.size()), count - 1);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (int64_t h = 0; h < helpers; ++h) tasks_.push_back(drain);
-    }
-    wake_.notify_all();
+    for (int64_t h = 0; h < helpers; ++h) tasks_.push(drain);
     drain();
     std::unique_lock<std::mutex> lock(job->mutex);
     job->finished.wait(lock, [&] { return job->done == count; });
   }
 
  private:
-  void work() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  TaskQueue tasks_;
   std::vector<std::thread> threads_;
 };
 

@@ -24,6 +24,7 @@ TEST_P(ThreadCollectives, MatchHandComputedValues) {
       for (int64_t numel : {int64_t{1}, int64_t{1001}, int64_t{1} << 20}) check_all_collectives(rank, comm, numel, dtype);
     }
     testing::check_average_edges(rank, comm);
+    testing::check_emulated_reductions(rank, comm);
   });
 }
 

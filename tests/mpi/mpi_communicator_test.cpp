@@ -1,7 +1,9 @@
 // The mpi backend: the same hand-computed checks as the gloo backend at world size 2 under mpirun, a world of
 // one without mpirun (MPI singleton start), progress without the caller's help, refused dtypes, a layout
-// that disagrees with MPI, and a collective only one rank issues (TimeoutError instead of a hang).
+// that disagrees with MPI, a collective only one rank issues (TimeoutError instead of a hang), and a rank
+// that issues none, which the timeout names.
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include "support/collective_checks.h"
 #include "support/processes.h"
 #include "tandem/comm/mpi/mpi_communicator.h"
+#include "tandem/comm/mpi/mpi_store.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/util/error.h"
 
@@ -71,6 +74,7 @@ TEST(MpiCollectivesWorker, Run) {
   EXPECT_EQ(comm.backend_name(), "mpi");
   check_backend(comm);
   testing::check_average_edges(rank(), comm);
+  testing::check_emulated_reductions(rank(), comm);
 
   // Progress without the caller: the collective completes while this thread only polls, never waits.
   torch::Tensor big = torch::full({int64_t{4} << 20}, 1.0f);
@@ -101,7 +105,8 @@ TEST(MpiCollectives, TwoRanksUnderMpirun) {
 
 TEST(MpiLargeMessagesWorker, Run) {
   if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiLargeMessages";
-  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(120));
+  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(120),
+                             comm::open_store_over_mpi(std::chrono::seconds(120)));
   // More bytes and elements than one MPI call can count (an int): DDP broadcasts a model of this size as one
   // flat buffer. min() and max() check every element without a second 2 GiB tensor.
   const int64_t numel = (int64_t{1} << 31) + 8;
@@ -128,12 +133,12 @@ TEST(MpiSingletonWorker, Run) {
   wrong.world_size = 2;
   wrong.source = "env";
   try {
-    comm::MpiCommunicator mismatched(wrong, std::chrono::seconds(10));
+    comm::MpiCommunicator mismatched(wrong, std::chrono::seconds(10), c10::make_intrusive<c10d::HashStore>());
     ADD_FAILURE() << "a layout of 2 ranks was accepted by a world of 1";
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("mpirun"), std::string::npos) << error.what();
   }
-  comm::MpiCommunicator comm(comm::RankLayout{}, std::chrono::seconds(30));
+  comm::MpiCommunicator comm(comm::RankLayout{}, std::chrono::seconds(30), c10::make_intrusive<c10d::HashStore>());
   EXPECT_EQ(comm.world_size(), 1);
   check_backend(comm);
 }
@@ -148,25 +153,9 @@ TEST(MpiSingleton, WorldOfOneWithoutMpirun) {
   EXPECT_EQ(count_of(result.output, R"(\[       OK \] MpiSingletonWorker\.Run)"), 1) << result.output;
 }
 
-TEST(MpiTimeoutWorker, Run) {
-  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiTimeout";
-  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(2));
-  // The ranks disagree on the collective: rank 0 all-reduces, the others wait at a barrier. Neither can
-  // complete; each must fail by its deadline with the operation's name.
-  torch::Tensor tensor = torch::ones({16});
-  comm::WorkPtr work = comm.rank() == 0 ? comm.all_reduce(tensor, ReduceOp::Sum) : comm.barrier();
-  std::string expected = comm.rank() == 0 ? "all_reduce(sum) on rank 0/2" : "barrier on rank 1/2";
-  try {
-    work->wait();
-    ADD_FAILURE() << "mismatched collectives completed";
-  } catch (const TimeoutError& error) {
-    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
-    std::printf("TIMEOUT SEEN: %s\n", error.what());
-  }
-  // The communicator is now unusable, and says so at once instead of queueing behind the stuck collective.
-  EXPECT_THROW(comm.barrier(), CommError);
-  std::fflush(stdout);
-  // mpirun kills the job once one rank exits, so each rank leaves only after every rank has reported.
+// mpirun kills the job once one rank exits, so each rank leaves only after every rank has reported: it marks
+// itself in TANDEM_TEST_MARKERS and waits (at most 30 s) for every rank's mark.
+void leave_once_every_rank_reported(const comm::Communicator& comm) {
   const std::string marker_dir = std::getenv("TANDEM_TEST_MARKERS");
   std::ofstream(marker_dir + "/" + std::to_string(comm.rank())).put('1');
   auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -179,20 +168,76 @@ TEST(MpiTimeoutWorker, Run) {
   while (!everyone_reported() && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// Runs `worker_test` on 2 ranks under mpirun with a fresh marker folder (see leave_once_every_rank_reported).
+testing::ProcessResult run_reporting_mpi_ranks(const std::string& worker_test) {
+  std::string markers = ::testing::TempDir() + "tandem_mpi_markers_" + std::to_string(::getpid());
+  std::filesystem::remove_all(markers);
+  std::filesystem::create_directories(markers);
+  testing::ProcessResult result =
+      testing::run_mpirun_ranks(2, worker_test, std::chrono::seconds(60), {{"TANDEM_TEST_MARKERS", markers}});
+  std::filesystem::remove_all(markers);
+  return result;
+}
+
+TEST(MpiTimeoutWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiTimeout";
+  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(2),
+                             comm::open_store_over_mpi(std::chrono::seconds(30)));
+  // The ranks disagree on the collective: rank 0 all-reduces, the others wait at a barrier. Neither can
+  // complete; each must fail by its deadline with the operation's name.
+  torch::Tensor tensor = torch::ones({16});
+  comm::WorkPtr work = comm.rank() == 0 ? comm.all_reduce(tensor, ReduceOp::Sum) : comm.barrier();
+  std::string expected = comm.rank() == 0 ? "all_reduce(sum) #1 on rank 0/2" : "barrier #1 on rank 1/2";
+  try {
+    work->wait();
+    ADD_FAILURE() << "mismatched collectives completed";
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    std::printf("TIMEOUT SEEN: %s\n", error.what());
+  }
+  // The communicator is now unusable, and says so at once instead of queueing behind the stuck collective.
+  EXPECT_THROW(comm.barrier(), CommError);
+  std::fflush(stdout);
+  leave_once_every_rank_reported(comm);
   // MPI cannot cancel a collective in flight, and finalising would wait for it; a program that met a timeout
   // exits with failure, as this worker does once its checks have passed.
   std::_Exit(::testing::Test::HasFailure() ? 1 : 3);
 }
 
 TEST(MpiTimeout, MismatchedCollectivesFailByTheDeadline) {
-  std::string markers = ::testing::TempDir() + "tandem_mpi_timeout_" + std::to_string(::getpid());
-  std::filesystem::remove_all(markers);
-  std::filesystem::create_directories(markers);
-  testing::ProcessResult result = testing::run_mpirun_ranks(2, "MpiTimeoutWorker.Run", std::chrono::seconds(60),
-                                                            {{"TANDEM_TEST_MARKERS", markers}});
-  std::filesystem::remove_all(markers);
+  testing::ProcessResult result = run_reporting_mpi_ranks("MpiTimeoutWorker.Run");
   ASSERT_FALSE(result.timed_out) << "a rank hung past its collective timeout:\n" << result.output;
   EXPECT_EQ(count_of(result.output, "TIMEOUT SEEN: .*timed out after 2 s"), 2) << result.output;
+  EXPECT_EQ(count_of(result.output, "Failure"), 0) << result.output;
+}
+
+TEST(MpiMissingRankWorker, Run) {
+  if (!testing::is_worker_process()) GTEST_SKIP() << "runs only as a rank of MpiMissingRank";
+  comm::MpiCommunicator comm(comm::detect_rank_layout(), std::chrono::seconds(2),
+                             comm::open_store_over_mpi(std::chrono::seconds(30)));
+  // Rank 1 stays alive, and its heartbeat with it, but never issues the collective.
+  if (comm.rank() == 0) {
+    torch::Tensor tensor = torch::ones({16});
+    try {
+      comm.all_reduce(tensor, ReduceOp::Sum)->wait();
+      ADD_FAILURE() << "an all-reduce without rank 1 completed";
+    } catch (const TimeoutError& error) {
+      std::printf("TIMEOUT SEEN: %s\n", error.what());
+    }
+    std::fflush(stdout);
+  }
+  leave_once_every_rank_reported(comm);
+  std::_Exit(::testing::Test::HasFailure() ? 1 : 3);
+}
+
+TEST(MpiMissingRank, TimeoutNamesTheRankThatNeverArrived) {
+  testing::ProcessResult result = run_reporting_mpi_ranks("MpiMissingRankWorker.Run");
+  ASSERT_FALSE(result.timed_out) << "a rank hung past its collective timeout:\n" << result.output;
+  const std::string names_rank_1 =
+      R"(TIMEOUT SEEN: all_reduce\(sum\) #1 on rank 0/2 timed out after 2 s: rank\(s\) 1 never reached it)";
+  EXPECT_EQ(count_of(result.output, names_rank_1), 1) << result.output;
   EXPECT_EQ(count_of(result.output, "Failure"), 0) << result.output;
 }
 

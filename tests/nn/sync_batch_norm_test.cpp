@@ -3,6 +3,7 @@
 // concatenated batch; a world of one is BatchNorm exactly; eval mode communicates nothing; conversion keeps
 // names, values and the very tensors.
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <algorithm>
 #include <mutex>
@@ -28,17 +29,14 @@ comm::CommunicatorPtr borrow(comm::Communicator& communicator) {
 // A world of two whose every collective fails: proves that a code path communicates nothing.
 class NoCommunication : public comm::Communicator {
  public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 2; }
-  std::string backend_name() const override { return "none"; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
-  comm::WorkPtr all_reduce(Tensor&, comm::ReduceOp) override { throw CommError("all_reduce called"); }
-  comm::WorkPtr broadcast(Tensor&, int) override { throw CommError("broadcast called"); }
-  comm::WorkPtr all_gather(std::vector<Tensor>&, const Tensor&) override { throw CommError("all_gather called"); }
-  comm::WorkPtr reduce_scatter(Tensor&, const Tensor&, comm::ReduceOp) override {
-    throw CommError("reduce_scatter called");
-  }
-  comm::WorkPtr barrier() override { throw CommError("barrier called"); }
+  NoCommunication()
+      : Communicator("none", c10::make_intrusive<c10d::HashStore>(), 0, 2, std::chrono::seconds(1), Capabilities{}) {}
+
+ protected:
+  comm::WorkPtr start_all_reduce(Tensor&, comm::ReduceOp) override { throw CommError("all_reduce called"); }
+  comm::WorkPtr start_broadcast(Tensor&, int) override { throw CommError("broadcast called"); }
+  comm::WorkPtr start_all_gather(std::vector<Tensor>&, const Tensor&) override { throw CommError("all_gather called"); }
+  comm::WorkPtr start_barrier() override { throw CommError("barrier called"); }
 };
 
 double max_diff(const Tensor& a, const Tensor& b) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <limits>
 #include <thread>
+#include <utility>
 
 namespace tandem::testing {
 
@@ -81,6 +82,54 @@ void check_average_edges(int rank, comm::Communicator& comm) {
   EXPECT_TRUE(torch::all(counts == expected).item<bool>())
       << "is_completed() was true while the tensor held " << counts[0].item<int64_t>() << ", not " << expected;
   work->wait();
+}
+
+void check_emulated_reductions(int rank, comm::Communicator& comm) {
+  const int world = comm.world_size();
+  // Rank r holds (r+1) + i*0.5 + i(r - i) at element i.
+  const auto complex_values = [](int r) {
+    torch::Tensor index = torch::arange(5, torch::kFloat64);
+    return torch::complex(index * 0.5 + (r + 1), r - index);
+  };
+  torch::Tensor complex_sum = torch::zeros({5}, torch::kComplexDouble);
+  for (int r = 0; r < world; ++r) complex_sum += complex_values(r);
+  for (auto [op, expected] : {std::pair{ReduceOp::Sum, complex_sum}, std::pair{ReduceOp::Avg, complex_sum / world}}) {
+    torch::Tensor values = complex_values(rank);
+    comm.all_reduce(values, op)->wait();
+    EXPECT_TRUE(torch::allclose(values, expected)) << "complex all_reduce " << comm::to_string(op);
+  }
+  torch::Tensor broadcast = complex_values(rank);
+  comm.broadcast(broadcast, world - 1)->wait();
+  EXPECT_TRUE(torch::equal(broadcast, complex_values(world - 1))) << "complex broadcast";
+  std::vector<torch::Tensor> gathered(world);
+  for (auto& out : gathered) out = torch::empty({5}, torch::kComplexDouble);
+  comm.all_gather(gathered, complex_values(rank))->wait();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(torch::equal(gathered[r], complex_values(r))) << "complex all_gather " << r;
+  }
+
+  // Integers: 7, 14, ... averaged, truncating toward zero (negated: -7, -14, ...).
+  int64_t integer_sum = 0;
+  for (int r = 0; r < world; ++r) integer_sum += 7 * (r + 1);
+  torch::Tensor counts = torch::tensor({7 * (rank + 1), -7 * (rank + 1)}, torch::kInt64);
+  comm.all_reduce(counts, ReduceOp::Avg)->wait();
+  EXPECT_EQ(counts[0].item<int64_t>(), integer_sum / world);
+  EXPECT_EQ(counts[1].item<int64_t>(), -integer_sum / world);
+
+  // Averaging reduce-scatters, in float, integers and complex: rank r contributes rank_values(r) (as integers,
+  // its whole part), chunk c goes to rank c.
+  const int64_t chunk = 3;
+  for (auto dtype : {torch::kFloat32, torch::kInt32, torch::kComplexFloat}) {
+    torch::Tensor all = torch::zeros({chunk * world}, dtype);
+    for (int r = 0; r < world; ++r) all += rank_values(r, chunk * world, torch::kFloat64).to(dtype);
+    torch::Tensor expected = dtype == torch::kInt32 ? all.div(world, "trunc") : all / world;
+    const torch::Tensor input = rank_values(rank, chunk * world, torch::kFloat64).to(dtype);
+    const torch::Tensor untouched = input.clone();
+    torch::Tensor output = torch::empty({chunk}, dtype);
+    comm.reduce_scatter(output, input, ReduceOp::Avg)->wait();
+    EXPECT_TRUE(torch::allclose(output, expected.view({world, chunk})[rank])) << "reduce_scatter avg of " << dtype;
+    EXPECT_TRUE(torch::equal(input, untouched)) << "reduce_scatter avg changed the input of " << dtype;
+  }
 }
 
 }  // namespace tandem::testing

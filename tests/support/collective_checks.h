@@ -19,4 +19,9 @@ void check_all_collectives(int rank, comm::Communicator& comm, int64_t numel, to
 // before the sum), and an integer average reports completion only once the tensor holds the average.
 void check_average_edges(int rank, comm::Communicator& comm);
 
+// What the communicator base emulates for backends that lack it, over a real backend: complex sums and averages
+// (sent as real pairs), integer averages (truncated), averaging reduce-scatters, and complex broadcast and
+// all_gather.
+void check_emulated_reductions(int rank, comm::Communicator& comm);
+
 }  // namespace tandem::testing

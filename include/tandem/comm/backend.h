@@ -17,6 +17,13 @@ std::vector<std::string> available_backends();
 // "nccl" for ranks that compute on a GPU (where the backend was built), "gloo" otherwise.
 std::string default_backend(const torch::Device& device);
 
+// The store in which the ranks of `backend` meet (rendezvous.h): an in-memory one for a world of one, else the
+// one `init_method` names. Under mpi with env:// and no MASTER_ADDR in the environment nor a launcher's store,
+// nothing names one, and MPI itself brings the ranks together: rank 0 opens a store and tells the others over
+// MPI (mpi/mpi_store.h).
+StorePtr make_rendezvous_store(const std::string& backend, const std::string& init_method, const RankLayout& layout,
+                               std::chrono::milliseconds timeout);
+
 // Connects this rank, which computes on `device`, to the others. Throws UnsupportedError for a backend that this
 // build lacks.
 CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& store, const RankLayout& layout,

@@ -19,16 +19,14 @@ std::shared_ptr<::gloo::transport::Device> make_device(const std::string& hostna
 
 GlooCommunicator::GlooCommunicator(StorePtr store, int rank, int world_size, std::chrono::milliseconds timeout,
                                    const GlooOptions& options)
-    : C10dCommunicator("gloo", store, rank, world_size, timeout) {
-  // Gloo has neither an average nor a reduce-scatter in c10d; the base class emulates both.
-  connect(
-      [&] {
-        auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-        gloo_options->devices.push_back(make_device(options.hostname));
-        gloo_options->threads = options.threads;
-        return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
-      },
-      {});
+    // Gloo has neither an average nor a reduce-scatter in c10d; the base class emulates both.
+    : C10dCommunicator("gloo", store, rank, world_size, timeout, Capabilities{}) {
+  connect([&] {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_options->devices.push_back(make_device(options.hostname));
+    gloo_options->threads = options.threads;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+  });
 }
 
 }  // namespace tandem::comm

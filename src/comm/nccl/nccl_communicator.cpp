@@ -27,15 +27,15 @@ torch::Device checked_device(const RankLayout& layout, torch::Device device) {
 
 NcclCommunicator::NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout,
                                    torch::Device device)
-    : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout, checked_device(layout, device)) {
+    : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout,
+                       Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCUDA},
+                       checked_device(layout, device)) {
   make_current(this->device());
-  connect(
-      [&] {
-        auto options = c10d::ProcessGroupNCCL::Options::create();
-        options->timeout = timeout;
-        return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, layout.rank, layout.world_size, options);
-      },
-      {/*average=*/true, /*reduce_scatter=*/true, /*cuda_tensors_only=*/true});
+  connect([&] {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, layout.rank, layout.world_size, options);
+  });
 }
 
 }  // namespace tandem::comm

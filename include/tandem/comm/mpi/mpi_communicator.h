@@ -3,14 +3,10 @@
 // through shared memory, far faster than Gloo's TCP over loopback). Launched by mpirun or srun; the rank
 // layout read from their environment must agree with MPI_COMM_WORLD.
 //
-// Threading: Open MPI's non-blocking collectives only progress inside MPI calls, so a caller computing
-// backward would stall them. Instead every MPI call of the process is made by one dedicated thread
-// (MpiRuntime) that runs queued collectives in the order they were issued, while the caller's thread goes on
-// computing. The runtime initialises MPI once per process (unless the program already did, with at least
-// MPI_THREAD_SERIALIZED) and finalises it at exit if it initialised it.
+// Threading: every MPI call of the process is made by one dedicated thread (src/comm/mpi/mpi_runtime.h), so
+// that collectives progress while the caller's thread computes.
 #include <chrono>
 #include <memory>
-#include <string>
 
 #include "tandem/comm/communicator.h"
 #include "tandem/comm/rank_layout.h"
@@ -22,28 +18,22 @@ struct MpiGroup;
 
 class MpiCommunicator : public Communicator {
  public:
-  // Throws InvalidArgument when MPI's rank or size disagree with `layout` (e.g. started by `tandem run`
-  // instead of mpirun), UnsupportedError when MPI was initialised without thread support.
-  MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout);
+  // `store` is the ranks' rendezvous store (for the collective tracker); under mpirun, open_store_over_mpi()
+  // makes one. Throws InvalidArgument when MPI's rank or size disagree with `layout` (e.g. started by `tandem
+  // run` instead of mpirun), UnsupportedError when MPI was initialised without thread support.
+  MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout, StorePtr store);
   ~MpiCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
-  std::string backend_name() const override { return "mpi"; }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-
-  // Contract as in Communicator: CPU tensors; the tensors stay referenced by the queued work until it ran.
-  // Reductions support float32/64 and integer dtypes; other dtypes throw UnsupportedError.
-  WorkPtr all_reduce(torch::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(torch::Tensor& tensor, int root) override;
-  WorkPtr all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override;
-  WorkPtr reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
-  WorkPtr barrier() override;
+ protected:
+  // CPU tensors; they stay referenced by the queued work until it ran. Reductions support float32/64 and
+  // integer dtypes; other dtypes throw UnsupportedError.
+  WorkPtr start_all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  WorkPtr start_broadcast(torch::Tensor& tensor, int root) override;
+  WorkPtr start_all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override;
+  WorkPtr start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
+  WorkPtr start_barrier() override;
 
  private:
-  int rank_;
-  int world_size_;
-  std::chrono::milliseconds timeout_;
   std::shared_ptr<MpiRuntime> runtime_;
   // This communicator's duplicate of MPI_COMM_WORLD and its failure state, shared with queued work.
   std::shared_ptr<MpiGroup> group_;
