@@ -10,6 +10,10 @@ namespace tandem::ddp {
 
 Join::Join(const torch::nn::Module& module, Reducer& reducer)
     : reducer_(reducer), backwards_at_start_(reducer.synchronised_backwards()) {
+  require_joinable(module);
+}
+
+void Join::require_joinable(const torch::nn::Module& module) {
   for (const auto& item : module.named_modules()) {
     if (dynamic_cast<const nn::SyncBatchNormImpl*>(item.value().get()) != nullptr) {
       throw UnsupportedError(fmt::format(

@@ -208,8 +208,11 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
                            : options_.max_steps > 0                     ? "--steps (ranks stop at different batches)"
                            : options_.checkpoint_every > 0 ? "--checkpoint-every (ranks stand at different batches inside an epoch)"
                            : amp::uses_loss_scaling(options_.precision) ? "--precision 16-mixed (its loss scaler's collective is not shadowed)"
-                                                                        : nullptr;
+                           : dynamic_cast<optim::ZeroRedundancyOptimizer*>(&optimizer_) != nullptr
+                               ? "--zero (each step broadcasts parameters from their owners, which a rank out of data is not shadowing)"
+                               : nullptr;
     if (conflict) throw InvalidArgument(fmt::format("--uneven cannot be combined with {}; drop one of them", conflict));
+    ddp::Join::require_joinable(module_);
   }
   if (options_.strategy == Strategy::kDataParallel && world_ > 1) {
     throw InvalidArgument(fmt::format("strategy dp (DataParallel) trains in one process, but this is one of {}: "

@@ -102,17 +102,18 @@ TEST(BenchProgram, TrainRecordsItsDdpOptionsAndEveryRound) {
   std::filesystem::remove(json_path);
   testing::ProcessResult result = testing::run_process(
       {testing::tandem_cli(), "bench", "train", "--world-sizes", "1", "--steps", "2", "--repeats", "1", "--warmup",
-       "1", "--rounds", "2", "--bucket-cap-mb", "5", "--first-bucket-cap-mb", "2", "--gradient-as-bucket-view",
-       "--json", json_path});
+       "1", "--rounds", "2", "--bucket-cap-mb", "5", "--first-bucket-cap-mb", "2", "--bucket-plan", "caps",
+       "--gradient-as-bucket-view", "--json", json_path});
   ASSERT_FALSE(result.timed_out) << result.output;
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("buckets of 5 MiB (first 2 MiB), gradient_as_bucket_view"), std::string::npos)
+  EXPECT_NE(result.output.find("buckets of 5 MiB (first 2 MiB, plan caps), gradient_as_bucket_view"), std::string::npos)
       << result.output;
   std::ifstream file(json_path);
   ASSERT_TRUE(file) << "no JSON written:\n" << result.output;
   nlohmann::json json = nlohmann::json::parse(file);
   EXPECT_EQ(json["bucket_cap_mb"], 5.0);
   EXPECT_EQ(json["first_bucket_cap_mb"], 2.0);
+  EXPECT_EQ(json["bucket_plan"], "caps");
   EXPECT_TRUE(json["gradient_as_bucket_view"].get<bool>());
   EXPECT_EQ(json["rounds"], 2);
   ASSERT_EQ(json["rows"].size(), 1u);

@@ -490,6 +490,10 @@ TEST(TrainProcesses, UnevenWithStepsIsOneLine) {
   expect_one_line_failure("uneven_steps", {"--uneven", "--steps", "3"}, "--uneven cannot be combined with --steps");
 }
 
+TEST(TrainProcesses, UnevenWithZeroIsOneLine) {
+  expect_one_line_failure("uneven_zero", {"--uneven", "--zero"}, "--uneven cannot be combined with --zero");
+}
+
 TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {
   expect_one_line_failure("dp_sync_bn", {"--strategy", "dp", "--sync-bn"}, "--sync-bn needs --strategy ddp");
 }

@@ -32,6 +32,9 @@ class Join {
   // Throws UnsupportedError when `module` holds a SyncBatchNorm.
   Join(const torch::nn::Module& module, Reducer& reducer);
 
+  // Throws UnsupportedError, naming it, when `module` holds a layer a shadowing rank cannot answer for.
+  static void require_joinable(const torch::nn::Module& module);
+
   // Collective; call once this rank has no more batches. Returns the rank whose replica every rank now holds.
   int finish(const std::function<void()>& shadow_step = nullptr);
 

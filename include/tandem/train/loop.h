@@ -70,7 +70,7 @@ struct LoopOptions {
   // Training takes every sample once per epoch: no padding to a multiple of the world size, no dropped tail, so
   // the ranks get different numbers of batches. A rank out of batches shadows the others' steps (ddp/join.h),
   // and each step's gradient is the mean over the ranks that trained in it. Needs strategy ddp; not with
-  // max_steps, checkpoint_every or a loss-scaling precision (16-mixed).
+  // max_steps, checkpoint_every, a loss-scaling precision (16-mixed) or a ZeroRedundancyOptimizer.
   bool uneven_inputs = false;
   LossFunction loss = cross_entropy_loss;
   // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the world size
