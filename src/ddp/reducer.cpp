@@ -151,7 +151,11 @@ void Reducer::allocate_buckets() {
         param.bucket_view.copy_(param.tensor.grad());
         param.tensor.mutable_grad() = param.bucket_view;
       }
+      buckets_[b].for_hook.gradients.push_back(param.bucket_view);
     }
+    buckets_[b].for_hook.index = b;
+    buckets_[b].for_hook.bucket_count = layouts_.size();
+    buckets_[b].for_hook.buffer = buckets_[b].buffer;
   }
 }
 
@@ -353,9 +357,7 @@ void Reducer::launch_complete_buckets() {
     Bucket& bucket = buckets_[index];
     const bool recording = timeline_ && timeline_->recording();
     if (recording) bucket.launched_at = monitor::TimelineClock::now();
-    GradBucket grad_bucket{index, buckets_.size(), bucket.buffer, {}};
-    for (size_t param : layouts_[index].params) grad_bucket.gradients.push_back(params_[param].bucket_view);
-    bucket.work = options_.comm_hook->launch(*communicator_, grad_bucket);
+    bucket.work = options_.comm_hook->launch(*communicator_, bucket.for_hook);
     if (recording) {
       auto completed_at = std::make_shared<std::atomic<monitor::TimelineClock::rep>>(0);
       bucket.completed_at = completed_at;

@@ -101,6 +101,7 @@ class Reducer {
   };
   struct Bucket {
     torch::Tensor buffer;  // payload (the gradients), then the tail in the last bucket
+    GradBucket for_hook;   // what the comm hook is handed: the buffer and each parameter's view, made once
     size_t pending = 0;    // parameters of this bucket not yet ready in this backward
     comm::WorkPtr work;
     // For the timeline, in a recorded step: when this backward launched it, and when the backend completed it
