@@ -27,10 +27,6 @@ bool host_cores_taken_by_ranks() {
   return ranks_fill_cores(local_ranks, at::get_num_threads(), usable_cores());
 }
 
-constexpr const char* kUnusedParametersAdvice =
-    "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
-    "DdpOptions::find_unused_parameters = true";
-
 bool is_same_storage(const torch::Tensor& a, const torch::Tensor& b) {
   return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes();
 }
@@ -281,12 +277,7 @@ int Reducer::shadow_iteration() {
   }
   shadowing_ = false;
   reset_iteration();
-  if (!agreement.ranks_missing.empty()) {
-    throw InvalidArgument(fmt::format(
-        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
-        "names them); {}",
-        fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
-  }
+  if (!agreement.ranks_missing.empty()) throw_unused_parameters({}, agreement.ranks_missing);
   after_agreement(agreement);
   return agreement.trained_ranks;
 }
@@ -406,16 +397,7 @@ void Reducer::finish_backward() {
   if (!agreement.ranks_missing.empty()) {
     reset_iteration();
     std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
-    if (!missing.empty()) {
-      throw InvalidArgument(fmt::format(
-          "DistributedDataParallel: parameters got no gradient in this backward on rank {} ({}); ranks with such "
-          "parameters: [{}]; {}",
-          rank_, fmt::join(missing, ", "), fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
-    }
-    throw InvalidArgument(fmt::format(
-        "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error "
-        "names them); {}",
-        fmt::join(agreement.ranks_missing, ", "), kUnusedParametersAdvice));
+    throw_unused_parameters(missing, agreement.ranks_missing);
   }
   // Ranks that shadowed this iteration sent zeros: the comm hook's mean over the world becomes the mean over
   // the ranks that trained.
@@ -470,6 +452,25 @@ Reducer::TailAgreement Reducer::reduce_buckets() {
     for (size_t i = 0; i < params_.size(); ++i) agreement.globally_used[i] = flags[world_size_ + 1 + i] != 0.0f;
   }
   return agreement;
+}
+
+// Every rank throws once the tail named ranks with parameters that got no gradient: those ranks name their
+// parameters (`missing`), the others name those ranks.
+void Reducer::throw_unused_parameters(const std::vector<std::string>& missing,
+                                      const std::vector<int>& ranks_missing) const {
+  const std::string advice =
+      "if the model does not use every parameter in each iteration, construct DistributedDataParallel with "
+      "DdpOptions::find_unused_parameters = true";
+  if (!missing.empty()) {
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel: parameters got no gradient in this backward on rank {} ({}); ranks with such "
+        "parameters: [{}]; {}",
+        rank_, fmt::join(missing, ", "), fmt::join(ranks_missing, ", "), advice));
+  }
+  throw InvalidArgument(fmt::format(
+      "DistributedDataParallel: ranks [{}] had parameters that got no gradient in this backward (their error names "
+      "them); {}",
+      fmt::join(ranks_missing, ", "), advice));
 }
 
 // The first iteration that some rank trained in decides the rebuild, on every rank alike.

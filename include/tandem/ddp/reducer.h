@@ -123,6 +123,8 @@ class Reducer {
   void rebuild_buckets();
   void after_agreement(const TailAgreement& agreement);
   TailAgreement reduce_buckets();
+  [[noreturn]] void throw_unused_parameters(const std::vector<std::string>& missing,
+                                            const std::vector<int>& ranks_missing) const;
   void synchronise_forward(bool participating);
   bool recording_ready_order() const { return !buckets_rebuilt_ && !rebuild_due_; }
   void expect_end_of_backward();
