@@ -173,8 +173,9 @@ void Reducer::rebuild_buckets() {
   }
   comm::broadcast_values(*communicator_, order, 0);
   std::vector<size_t> walk;
+  const int64_t* agreed = order.data_ptr<int64_t>();
   for (int64_t i = 0; i < order.numel(); ++i) {
-    const auto index = static_cast<size_t>(order[i].item<int64_t>());
+    const auto index = static_cast<size_t>(agreed[i]);
     if (options_.static_graph && !used_in_first_iteration_.empty() && !used_in_first_iteration_[index]) continue;
     walk.push_back(index);
   }
