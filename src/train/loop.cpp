@@ -355,10 +355,11 @@ int64_t Run::make_loaders() {
   const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
   data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
   train_sampling.uneven = options_.uneven_inputs;
-  const data::DistributedSampler train_sampler(train_set_->size(), train_sampling);
   const bool drop_last = options_.drop_last && !options_.uneven_inputs;
   train_loader_ = std::make_unique<data::BatchLoader>(
-      train_set_, data::BatchSampler(train_sampler, options_.batch_size, drop_last), loading);
+      train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
+                                     drop_last),
+      loading);
   if (eval_set_) {
     data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
     eval_loader_ = std::make_unique<data::BatchLoader>(
@@ -366,10 +367,12 @@ int64_t Run::make_loaders() {
                                       /*drop_last=*/false),
         loading);
   }
-  // With uneven inputs rank 0 has the most samples, ceil(n / W); its batches are the epoch's length.
-  const int64_t most_samples = (train_set_->size() + world_ - 1) / world_;
-  const int64_t batches_per_epoch = options_.uneven_inputs ? (most_samples + options_.batch_size - 1) / options_.batch_size
-                                                           : train_loader_->num_batches();
+  // With uneven inputs rank 0 has the most samples; its batches are the epoch's length.
+  data::DistributedSamplerOptions first_rank = train_sampling;
+  first_rank.rank = 0;
+  const int64_t batches_per_epoch =
+      data::BatchSampler(data::DistributedSampler(train_set_->size(), first_rank), options_.batch_size, drop_last)
+          .num_batches();
   if (batches_per_epoch == 0) {
     throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
                                       train_set_->size(), options_.batch_size, world_));
