@@ -81,7 +81,7 @@ void verify_replicas_hold_same_values(comm::Communicator& communicator,
   }
   const std::vector<torch::Tensor> all = comm::all_gather_values(communicator, fingerprints);
   for (int64_t i = 0; i < count; ++i) {
-    // One entry per rank, "-" for a rank left out, so that the message still numbers the ranks.
+    // One entry per rank, a rank left out included, so that the message still numbers the ranks.
     std::vector<std::string> per_rank;
     std::vector<std::string> compared;
     for (const auto& rank_fingerprints : all) {
