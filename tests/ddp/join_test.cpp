@@ -43,7 +43,9 @@ std::vector<torch::Tensor> train_reference_uneven(const Scenario& s) {
   return snapshot(*net);
 }
 
-void check_join_rank(const ddp::DdpOptions& options, const char* label) {
+// `accumulate`: each step as two micro-batches, the first under no_sync, with an evaluation forward under no-grad
+// in between; the gradient is the same as the whole batch's.
+void check_join_rank(const ddp::DdpOptions& options, const char* label, bool accumulate = false) {
   InitOptions init;
   init.backend = "gloo";
   init.timeout = std::chrono::seconds(30);
@@ -59,7 +61,19 @@ void check_join_rank(const ddp::DdpOptions& options, const char* label) {
   for (int step = 0; step < kBatchesPerRank[rank()]; ++step) {
     const Batch batch = rank_batch(rank(), step);
     optimizer.zero_grad();
-    torch::mse_loss(model(batch.x), batch.y).backward();
+    if (accumulate) {
+      {
+        auto guard = model.no_sync();
+        (torch::mse_loss(model(batch.x.narrow(0, 0, 2)), batch.y.narrow(0, 0, 2)) / 2).backward();
+      }
+      {
+        torch::NoGradGuard evaluation;
+        model(batch.x);
+      }
+      (torch::mse_loss(model(batch.x.narrow(0, 2, 2)), batch.y.narrow(0, 2, 2)) / 2).backward();
+    } else {
+      torch::mse_loss(model(batch.x), batch.y).backward();
+    }
     optimizer.step();
   }
   int shadowed = 0;
@@ -91,6 +105,13 @@ TEST(JoinWorker, FindUnusedWithStaticGraph) {
   check_join_rank(options, "find_unused + static_graph");
 }
 
+TEST(JoinWorker, NoSyncMicroBatchesAndANoGradForward) {
+  if (!is_worker_process()) GTEST_SKIP() << "runs only as a rank of Join";
+  ddp::DdpOptions options;
+  options.check_replicas_every = 1;
+  check_join_rank(options, "no_sync + no-grad forward", /*accumulate=*/true);
+}
+
 void expect_ranks_succeeded(const std::vector<ProcessResult>& results) {
   ASSERT_EQ(results.size(), static_cast<size_t>(kWorld));
   for (size_t r = 0; r < results.size(); ++r) {
@@ -109,6 +130,10 @@ TEST(Join, RanksWithThreeFiveAndNoBatchesMatchOneProcess) {
 
 TEST(Join, UnevenRanksWithStaticGraphMatchOneProcess) {
   expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.FindUnusedWithStaticGraph", std::chrono::seconds(120)));
+}
+
+TEST(Join, UnevenRanksAccumulatingUnderNoSyncMatchOneProcess) {
+  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.NoSyncMicroBatchesAndANoGradForward", std::chrono::seconds(120)));
 }
 
 struct WithSyncBatchNormImpl : torch::nn::Module {
