@@ -486,6 +486,15 @@ TEST(TrainProcesses, UnevenTrainsEverySampleOnceWithRanksOfThreeThreeAndTwoBatch
   EXPECT_TRUE(std::filesystem::exists(root + "/trace.json"));
 }
 
+TEST(TrainProcesses, UnevenWithBf16MixedTrainsEveryRankToTheEnd) {
+  const std::string root = make_temp_dir("uneven_bf16_runs");
+  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven_bf16", 50, 16), "--epochs", "1",
+                                           "--batch-size", "8", "--threads", "1", "--uneven", "--precision",
+                                           "bf16-mixed", "--run-dir", root + "/run", "--timeout", "60"});
+  expect_success(results, "uneven bf16-mixed run");
+  EXPECT_EQ(read_lines(root + "/run/steps.jsonl").size(), 3u);
+}
+
 TEST(TrainProcesses, UnevenWithStepsIsOneLine) {
   expect_one_line_failure("uneven_steps", {"--uneven", "--steps", "3"}, "--uneven cannot be combined with --steps");
 }
