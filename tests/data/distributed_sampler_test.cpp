@@ -237,6 +237,32 @@ TEST(BatchSampler, BatchesFollowSamplerOrderAndCountPadding) {
   }
 }
 
+TEST(BatchSampler, MergedSingleSampleTailKeepsEverySampleAndLeavesNoBatchOfOne) {
+  // 50 samples over 3 uneven ranks: 17, 17 and 16; batch 8 leaves a tail of one on ranks 0 and 1.
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    DistributedSampler sampler(50, DistributedSamplerOptions{3, rank, true, 5, false, /*uneven=*/true});
+    const BatchSampler merged(sampler, 8, false, SingleSampleTail::kMergeIntoPrevious);
+    const std::vector<IndexBatch> batches = merged.batches();
+    ASSERT_EQ(static_cast<int64_t>(batches.size()), merged.num_batches());
+    std::vector<int64_t> joined;
+    for (const IndexBatch& batch : batches) {
+      EXPECT_GT(batch.size(), 1);
+      joined.insert(joined.end(), batch.indices.begin(), batch.indices.end());
+    }
+    EXPECT_EQ(joined, sampler.indices()) << "every sample once, in the sampler's order";
+    EXPECT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches.back().size(), rank < 2 ? 9 : 8);
+  }
+  // Without a tail of one, or with drop_last, nothing changes.
+  DistributedSampler even(48, DistributedSamplerOptions{3, 0, true, 5, false, true});
+  EXPECT_EQ(BatchSampler(even, 8, false, SingleSampleTail::kMergeIntoPrevious).batches().back().size(), 8);
+  DistributedSampler odd(17, DistributedSamplerOptions{1, 0, true, 5, false, true});
+  EXPECT_EQ(BatchSampler(odd, 8, true, SingleSampleTail::kMergeIntoPrevious).num_batches(), 2);
+  EXPECT_EQ(BatchSampler(odd, 8, true, SingleSampleTail::kMergeIntoPrevious).batches().back().size(), 8);
+  EXPECT_EQ(BatchSampler(odd, 8).batches().back().size(), 1) << "kKeep is PyTorch's BatchSampler";
+}
+
 TEST(BatchSampler, SetEpochReachesTheSampler) {
   BatchSampler batches(DistributedSampler(50, DistributedSamplerOptions{2, 0, true, 3, false}), 8);
   const auto first = batches.batches();

@@ -19,11 +19,18 @@ struct IndexBatch {
   int64_t real_count() const { return size() - padding_count; }
 };
 
+// A final batch of a single sample, where drop_last keeps partial batches. BatchNorm cannot train on one sample
+// ("expected more than 1 value per channel" once the spatial size is 1x1), and under uneven inputs that rank
+// alone would fail while the others wait for it: kMergeIntoPrevious makes that sample part of the batch before
+// it, which is then one sample larger, so every sample is still trained on once.
+enum class SingleSampleTail { kKeep, kMergeIntoPrevious };
+
 class BatchSampler {
  public:
   // drop_last drops a final batch smaller than batch_size (PyTorch's BatchSampler drop_last; independent of the
   // DistributedSampler's own drop_last). Throws InvalidArgument for batch_size < 1.
-  BatchSampler(DistributedSampler sampler, int64_t batch_size, bool drop_last = false);
+  BatchSampler(DistributedSampler sampler, int64_t batch_size, bool drop_last = false,
+               SingleSampleTail single_sample_tail = SingleSampleTail::kKeep);
 
   // Forwards to the sampler: call with the same epoch on every rank before each epoch.
   void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
@@ -43,6 +50,7 @@ class BatchSampler {
   DistributedSampler sampler_;
   int64_t batch_size_;
   bool drop_last_;
+  SingleSampleTail single_sample_tail_;
 };
 
 }  // namespace tandem::data
