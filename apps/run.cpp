@@ -22,6 +22,7 @@ struct RunFlags {
   std::string gpus;
   double grace_period_s = launch::kDefaultGracePeriod.count() / 1000.0;
   int max_restarts = 0;
+  std::string run_id;
   std::vector<std::string> command;
 };
 
@@ -33,6 +34,8 @@ std::function<int()> define_run(CLI::App& command) {
       "When a worker exits non-zero or is killed, the others get SIGTERM (SIGKILL after --grace-period) and\n"
 "tandem run exits with that worker's code (128 + signal), unless --max-restarts N allows a restart: then all the\n"
       "workers start again, with TORCHELASTIC_RESTART_COUNT 1, 2, ... N (0 at first) and TORCHELASTIC_MAX_RESTARTS N.\n"
+      "Every attempt gets the same TORCHELASTIC_RUN_ID (--run-id), so tandem train without --run-dir continues the\n"
+      "run of the first attempt (runs/<run id>) from its newest checkpoint.\n"
       "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
       "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) are accepted too.");
   CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
@@ -56,6 +59,9 @@ std::function<int()> define_run(CLI::App& command) {
   command.add_option("--max-restarts,--max_restarts", flags->max_restarts,
                      "Times to stop and restart all workers after one fails (one node only)")
       ->capture_default_str();
+  command.add_option("--run-id,--rdzv-id,--rdzv_id", flags->run_id,
+                     "The job's id, shared by every restart (TORCHELASTIC_RUN_ID; default: the start time and the "
+                     "launcher's pid). tandem train keeps a run without --run-dir in runs/<run id>");
   command.add_option("command", flags->command, "The program to run and its arguments, after --");
   // Everything after the first word of the command belongs to the command, even if it looks like our flags.
   command.positionals_at_end();
@@ -80,6 +86,7 @@ std::function<int()> define_run(CLI::App& command) {
     }
     options.grace_period = std::chrono::milliseconds(std::llround(flags->grace_period_s * 1000));
     options.max_restarts = flags->max_restarts;
+    options.run_id = flags->run_id;
     options.command = flags->command;
     // Counting GPUs initialises CUDA, so it is done only when the count is needed.
     const bool needs_gpu_count = !options.nproc_per_node && options.gpus.empty();

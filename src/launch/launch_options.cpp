@@ -5,6 +5,9 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include <unistd.h>
+
+#include <ctime>
 #include <set>
 
 #include "tandem/comm/rank_layout.h"
@@ -41,6 +44,30 @@ namespace {
 bool is_ipv4_loopback(const std::string& address) {
   in_addr parsed{};
   return ::inet_pton(AF_INET, address.c_str(), &parsed) == 1 && (ntohl(parsed.s_addr) >> 24) == 127;
+}
+
+}  // namespace
+
+namespace {
+
+// The launch time and the launcher's pid: unique on this machine, and sorted by time among runs/.
+std::string fresh_run_id() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+  return fmt::format("{}-{}", stamp, ::getpid());
+}
+
+bool is_folder_name(const std::string& text) {
+  if (text.empty() || text == "." || text == "..") return false;
+  for (char c : text) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                       c == '_' || c == '-';
+    if (!plain) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -120,6 +147,12 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
   }
   plan.max_restarts = options.max_restarts;
   plan.log_dir = options.log_dir;
+  if (!options.run_id.empty() && !is_folder_name(options.run_id)) {
+    throw InvalidArgument(fmt::format(
+        "--run-id '{}' names the run's folder under runs/: use letters, digits, '.', '_' and '-' only",
+        options.run_id));
+  }
+  plan.run_id = options.run_id.empty() ? fresh_run_id() : options.run_id;
   return plan;
 }
 

@@ -28,6 +28,8 @@ std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, in
       // torchrun's names: a worker that resumes work of its own can tell a restart from a first start.
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(plan.max_restarts)},
+      // Every attempt of the job shares it, so a restarted worker finds the run the first attempt began.
+      {"TORCHELASTIC_RUN_ID", plan.run_id},
   };
   // N workers each running cpu_count OpenMP threads would oversubscribe the node N times over; a value the
   // user exported is a deliberate choice and is kept.

@@ -30,6 +30,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   // How many times a failed group of workers is stopped and started again, as torchrun's --max-restarts.
   int max_restarts = 0;
+  // The job's id, the same for every attempt (torchrun's --rdzv-id, TORCHELASTIC_RUN_ID): tandem train keeps a
+  // run without --run-dir in runs/<run_id>, so a restarted attempt continues it. Empty: a new one, the time and
+  // the launcher's pid. Letters, digits, '.', '_' and '-' only, since it names a folder.
+  std::string run_id;
   // The program and its arguments, run once per local rank.
   std::vector<std::string> command;
 };
@@ -45,6 +49,7 @@ struct LaunchPlan {
   std::vector<int> gpus;
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   int max_restarts = 0;
+  std::string run_id;
   std::vector<std::string> command;
 
   int world_size() const { return nnodes * nproc_per_node; }

@@ -12,7 +12,7 @@ namespace tandem::launch {
 
 // The variables to set (overriding the launcher's) for the worker with this local rank in attempt
 // `restart_count` (0 for the first start): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS; OMP_NUM_THREADS = cpu_count /
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID; OMP_NUM_THREADS = cpu_count /
 // nproc_per_node (at least 1) unless `parent` already sets it; CUDA_VISIBLE_DEVICES when plan.gpus is set.
 std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count,
                                                       const comm::EnvLookup& parent, int cpu_count);
