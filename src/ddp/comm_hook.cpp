@@ -33,6 +33,7 @@ class ThenWork : public comm::Work {
 class AverageHook : public CommHook {
  public:
   std::string name() const override { return "average"; }
+  bool is_plain_average() const override { return true; }
   comm::WorkPtr launch(comm::Communicator& communicator, const GradBucket& bucket) override {
     torch::Tensor buffer = bucket.buffer;
     return all_reduce(communicator, buffer, comm::ReduceOp::Avg);

@@ -11,7 +11,10 @@ namespace tandem::ddp {
 Join::Join(const torch::nn::Module& module, Reducer& reducer)
     : reducer_(reducer), backwards_at_start_(reducer.synchronised_backwards()) {
   require_joinable(module);
+  reducer_.set_uneven_inputs(true);
 }
+
+Join::~Join() { reducer_.set_uneven_inputs(false); }
 
 void Join::require_joinable(const torch::nn::Module& module) {
   for (const auto& item : module.named_modules()) {
@@ -38,6 +41,7 @@ int Join::finish(const std::function<void()>& shadow_step) {
   comm::all_reduce_values(*communicator, candidate, comm::ReduceOp::Max);
   const int root = static_cast<int>(candidate.item<int64_t>() % world);
   reducer_.copy_replica_from(root);
+  reducer_.set_uneven_inputs(false);
   return root;
 }
 

@@ -109,28 +109,35 @@ class PowerSgdHook : public CommHook {
   };
   struct BucketState {
     const void* buffer = nullptr;  // the bucket this state belongs to
-    torch::Tensor payload;         // the gradients: the buffer less the reducer's tail
+    torch::Tensor payload;         // the gradients: the whole buffer
     // Ordered as PyTorch draws their initial Qs: grouped by shape, groups in order of first appearance.
     std::vector<Matrix> compressed;
-    std::vector<torch::Tensor> uncompressed;  // flat views: gradients not worth compressing, then the tail
+    std::vector<torch::Tensor> uncompressed;  // flat views of the gradients not worth compressing
     torch::Tensor plain;                      // the uncompressed ones side by side, for one all-reduce
     torch::Tensor p_memory, q_memory;
     torch::Tensor error;  // error feedback, over the payload
     bool has_q = false;   // q_memory holds the last iteration's averaged Q
   };
 
-  // The plan for a bucket, made at its first compressed iteration, when DDP's buckets are final.
+  // The plan for a bucket, made at its first compressed iteration. With error feedback or warm start that is
+  // after DDP's one bucket rebuild (start_powersgd_iter >= 2); without them compression may start before it, and
+  // the rebuilt buckets (new buffers for the same indices, from the same model) get new plans, losing nothing.
   BucketState& state_for(const GradBucket& bucket) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (buckets_.empty()) {
+      model_ = bucket.model;
+    } else if (bucket.model != model_) {
+      throw InvalidArgument(fmt::format(
+          "the PowerSGD hook met bucket {} of a second model: a PowerSGD hook keeps the state of one model's "
+          "buckets; give each DistributedDataParallel its own make_powersgd_hook()",
+          bucket.index));
+    }
     auto found = buckets_.find(bucket.index);
     if (found != buckets_.end()) {
-      if (found->second.buffer != bucket.buffer.data_ptr()) {
-        throw InvalidArgument(fmt::format(
-            "the PowerSGD hook met a different bucket {} than at its first compressed iteration: a PowerSGD hook "
-            "keeps the state of one model's buckets; give each DistributedDataParallel its own make_powersgd_hook()",
-            bucket.index));
-      }
-      return found->second;
+      if (found->second.buffer == bucket.buffer.data_ptr()) return found->second;
+      // The model rebuilt its buckets; plans of indices it no longer has would only hold the old buffers.
+      buckets_.erase(buckets_.lower_bound(bucket.bucket_count), buckets_.end());
+      buckets_.erase(bucket.index);
     }
     if (bucket.gradients.empty()) {
       throw InvalidArgument("the PowerSGD hook needs GradBucket::gradients, the per-parameter views into the buffer");
@@ -160,10 +167,10 @@ class PowerSgdHook : public CommHook {
         state.uncompressed.push_back(gradient.view({-1}));
       }
     }
-    TANDEM_CHECK(offset <= buffer.numel(), "the bucket's gradients hold ", offset, " elements, its buffer ",
+    // The reducer keeps its bookkeeping out of any hook but a plain average's (CommHook::is_plain_average).
+    TANDEM_CHECK(offset == buffer.numel(), "the bucket's gradients hold ", offset, " elements, its buffer ",
                  buffer.numel());
-    state.payload = buffer.narrow(0, 0, offset);
-    if (offset < buffer.numel()) state.uncompressed.push_back(buffer.narrow(0, offset, buffer.numel() - offset));
+    state.payload = buffer;
 
     int64_t p_numel = 0, q_numel = 0;
     for (const auto& [shape, matrices] : by_shape) {
@@ -227,8 +234,9 @@ class PowerSgdHook : public CommHook {
 
   PowerSgdOptions options_;
   std::atomic<int64_t> iteration_{0};  // completed iterations: counted at the last bucket
-  std::mutex mutex_;                   // guards seeds_ and buckets_
+  std::mutex mutex_;                   // guards seeds_, model_ and buckets_
   std::mt19937 seeds_;
+  const void* model_ = nullptr;            // GradBucket::model of the buckets this hook serves
   std::map<size_t, BucketState> buckets_;  // by bucket index; std::map keeps references stable
 };
 

@@ -6,7 +6,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
 #include <exception>
 
 #include "tandem/comm/rank_layout.h"
@@ -55,6 +54,7 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
     rank_ = communicator_->rank();
     world_size_ = communicator_->world_size();
   }
+  last_trainer_ = world_size_ - 1;
 
   std::vector<torch::Tensor> trainable;
   for (const auto& item : parameters) {
@@ -118,12 +118,15 @@ std::vector<BucketLayout> Reducer::plan_buckets(const std::vector<torch::Tensor>
   return walk_order ? assign_buckets(trainable, *walk_order, first_cap, cap) : assign_buckets(trainable, first_cap, cap);
 }
 
-// The flat buffers of layouts_, each parameter's view of its slice, and the tail after the last payload.
+// The flat buffers of layouts_, each parameter's view of its slice, and the tail's places.
 void Reducer::allocate_buckets() {
-  tail_numel_ = world_size_ + 1 + (unused_search_ ? static_cast<int64_t>(params_.size()) : 0);
+  tail_numel_ = 2 * int64_t{world_size_} + (unused_search_ ? static_cast<int64_t>(params_.size()) : 0);
   torch::NoGradGuard no_grad;
   tail_host_ = torch::zeros({tail_numel_}, torch::kFloat);
   if (!layouts_.empty() && layouts_.back().device.is_cuda()) tail_host_ = tail_host_.pin_memory();
+  if (!layouts_.empty()) {
+    tail_wire_ = torch::zeros({tail_numel_}, torch::TensorOptions().dtype(torch::kFloat).device(layouts_.back().device));
+  }
   for (auto& param : params_) {
     param.bucket = kNoBucket;
     param.bucket_view = torch::Tensor();
@@ -151,8 +154,19 @@ void Reducer::allocate_buckets() {
     }
     buckets_[b].for_hook.index = b;
     buckets_[b].for_hook.bucket_count = layouts_.size();
-    buckets_[b].for_hook.buffer = buckets_[b].buffer;
+    buckets_[b].for_hook.buffer = buckets_[b].buffer.narrow(0, 0, layout.numel);
+    buckets_[b].for_hook.model = this;
   }
+  place_tail();
+}
+
+// Whether the tail rides in the last bucket (see tail_rides_): decided anew whenever the hook or buckets change.
+void Reducer::place_tail() {
+  if (buckets_.empty()) return;
+  Bucket& last = buckets_.back();
+  const torch::ScalarType dtype = last.buffer.scalar_type();
+  tail_rides_ = options_.comm_hook->is_plain_average() && (dtype == torch::kFloat || dtype == torch::kDouble);
+  last.for_hook.buffer = tail_rides_ ? last.buffer : last.buffer.narrow(0, 0, layouts_.back().numel);
 }
 
 // Buckets formed in reverse registration order launch late when backward produces gradients in another order
@@ -217,6 +231,7 @@ void Reducer::register_comm_hook(CommHookPtr hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(!callback_queued_, "register_comm_hook during backward");
   options_.comm_hook = hook ? std::move(hook) : make_average_hook();
+  place_tail();
 }
 
 void Reducer::prepare_for_forward() {
@@ -239,6 +254,7 @@ void Reducer::prepare_for_forward() {
     // the buffers) alone, or an evaluation forward between a forward and its backward would turn sync off.
     if (!torch::GradMode::is_enabled()) return;
     sync_this_iteration_ = require_sync_;
+    backward_expected_ = true;
   }
   if (!sync_this_iteration_) return;
   synchronise_forward(/*participating=*/true);
@@ -247,7 +263,7 @@ void Reducer::prepare_for_forward() {
 // The collectives of a synchronised forward, the same whether this rank trains or shadows.
 void Reducer::synchronise_forward(bool participating) {
   if (rebuild_due_) rebuild_buckets();
-  if (buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, 0);
+  if (buffer_broadcaster_) buffer_broadcaster_->broadcast(*communicator_, uneven_inputs_ ? last_trainer_ : 0);
   ++synchronised_forwards_;
   if (options_.check_replicas_every > 0 && synchronised_forwards_ % options_.check_replicas_every == 0) {
     verify_replicas_hold_same_values(*communicator_, checked_state_,
@@ -279,6 +295,10 @@ int Reducer::shadow_iteration() {
   shadowing_ = false;
   reset_iteration();
   if (!agreement.ranks_missing.empty()) throw_unused_parameters({}, agreement.ranks_missing);
+  if (agreement.trained_ranks > 0) {
+    average_over_trained(agreement.trained_ranks);
+    write_back(agreement.globally_used);
+  }
   after_agreement(agreement);
   return agreement.trained_ranks;
 }
@@ -291,8 +311,11 @@ void Reducer::watch_output(const torch::Tensor& output) {
   });
 }
 
+// A backward that reached the wrapper's output runs before any of the parameters' hooks: it is one through a
+// forward of the wrapper even when it is the second over a retained graph, after the first one disarmed them.
 void Reducer::expect_end_of_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  backward_expected_ = true;
   if (sync_this_iteration_) queue_finish_backward();
 }
 
@@ -306,6 +329,7 @@ void Reducer::queue_finish_backward() {
 
 void Reducer::mark_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!backward_expected_) return;  // a backward through the bare module: local, as without DDP
   used_since_sync_[index] = 1;
   if (!sync_this_iteration_) return;  // no_sync: .grad just accumulates
   Param& param = params_[index];
@@ -356,7 +380,12 @@ void Reducer::launch_complete_buckets() {
       bucket.work->observe_completion(
           [completed_at] { completed_at->store(monitor::TimelineClock::now().time_since_epoch().count()); });
     }
+    if (index + 1 == buckets_.size() && !tail_rides_) tail_work_ = communicator_->all_reduce(tail_wire_, comm::ReduceOp::Sum);
   }
+}
+
+torch::Tensor Reducer::tail_on_wire() {
+  return tail_rides_ ? buckets_.back().buffer.narrow(0, layouts_.back().numel, tail_numel_) : tail_wire_;
 }
 
 // The previous iteration's copy of tail_host_ has completed: finish_backward read its result back.
@@ -364,17 +393,18 @@ void Reducer::fill_tail() {
   float* flags = tail_host_.data_ptr<float>();
   std::fill(flags, flags + tail_numel_, 0.0f);
   flags[rank_] = local_unused_error_ ? 1.0f : 0.0f;
-  flags[world_size_] = shadowing_ ? 0.0f : 1.0f;
+  flags[world_size_ + rank_] = shadowing_ ? 0.0f : 1.0f;
   if (unused_search_) {
-    for (size_t i = 0; i < params_.size(); ++i) flags[world_size_ + 1 + i] = used_since_sync_[i] ? 1.0f : 0.0f;
+    for (size_t i = 0; i < params_.size(); ++i) flags[2 * world_size_ + i] = used_since_sync_[i] ? 1.0f : 0.0f;
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor& buffer = buckets_.back().buffer;
-  buffer.narrow(0, layouts_.back().numel, tail_numel_).copy_(tail_host_, /*non_blocking=*/buffer.is_cuda());
+  torch::Tensor wire = tail_on_wire();
+  wire.copy_(tail_host_, /*non_blocking=*/wire.is_cuda());
 }
 
 void Reducer::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  backward_expected_ = false;
   // Parameters whose hook did not fire in this backward. Either they are treated as ready (with whatever
   // .grad they accumulated under no_sync, or zero), or, without the unused-parameter search, they are
   // zero-filled so that every collective still completes on every rank, and the error rides on the last
@@ -400,13 +430,7 @@ void Reducer::finish_backward() {
     std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
     throw_unused_parameters(missing, agreement.ranks_missing);
   }
-  // Ranks that shadowed this iteration sent zeros: the comm hook's mean over the world becomes the mean over
-  // the ranks that trained.
-  if (agreement.trained_ranks < world_size_) {
-    torch::NoGradGuard no_grad;
-    const double rescale = static_cast<double>(world_size_) / agreement.trained_ranks;
-    for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].buffer.narrow(0, 0, layouts_[b].numel).mul_(rescale);
-  }
+  average_over_trained(agreement.trained_ranks);
   write_back(agreement.globally_used);
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
   reset_iteration();
@@ -428,6 +452,13 @@ Reducer::TailAgreement Reducer::reduce_buckets() {
       if (!failure) failure = std::current_exception();
     }
   }
+  if (tail_work_) {
+    try {
+      tail_work_->wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
   if (timeline_ && timeline_->recording() && !failure && !shadowing_) record_allreduces(wait_begin);
   if (failure) {
     reset_iteration();
@@ -439,18 +470,19 @@ Reducer::TailAgreement Reducer::reduce_buckets() {
   }
 
   torch::NoGradGuard no_grad;
-  torch::Tensor tail =
-      buckets_.back().buffer.narrow(0, layouts_.back().numel, tail_numel_).to(torch::kCPU, torch::kFloat);
+  torch::Tensor tail = tail_on_wire().to(torch::kCPU, torch::kFloat);
   const float* flags = tail.data_ptr<float>();
   TailAgreement agreement;
   for (int r = 0; r < world_size_; ++r) {
     if (flags[r] != 0.0f) agreement.ranks_missing.push_back(r);
+    if (flags[world_size_ + r] != 0.0f) {
+      ++agreement.trained_ranks;
+      agreement.highest_trained_rank = r;
+    }
   }
-  // The comm hook averaged the flags over the world.
-  agreement.trained_ranks = static_cast<int>(std::lround(flags[world_size_] * world_size_));
   if (unused_search_) {
     agreement.globally_used.resize(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) agreement.globally_used[i] = flags[world_size_ + 1 + i] != 0.0f;
+    for (size_t i = 0; i < params_.size(); ++i) agreement.globally_used[i] = flags[2 * world_size_ + i] != 0.0f;
   }
   return agreement;
 }
@@ -474,8 +506,18 @@ void Reducer::throw_unused_parameters(const std::vector<std::string>& missing,
       fmt::join(ranks_missing, ", "), advice));
 }
 
+// Ranks that shadowed this iteration sent zeros: the comm hook's mean over the world becomes the mean over the
+// ranks that trained. The same arithmetic on the same reduced buckets on every rank, shadowing or not.
+void Reducer::average_over_trained(int trained_ranks) {
+  if (trained_ranks == world_size_) return;
+  torch::NoGradGuard no_grad;
+  const double rescale = static_cast<double>(world_size_) / trained_ranks;
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].buffer.narrow(0, 0, layouts_[b].numel).mul_(rescale);
+}
+
 // The first iteration that some rank trained in decides the rebuild, on every rank alike.
 void Reducer::after_agreement(const TailAgreement& agreement) {
+  if (agreement.trained_ranks > 0) last_trainer_ = agreement.highest_trained_rank;
   if (buckets_rebuilt_ || rebuild_due_ || agreement.trained_ranks == 0) return;
   // With the unused-parameter search on, the order changes from iteration to iteration; PyTorch rebuilds then
   // only for a static graph, and so do we.
@@ -526,20 +568,23 @@ void Reducer::reset_iteration() {
     buckets_[b].work.reset();
     buckets_[b].completed_at.reset();
   }
+  tail_work_.reset();
   next_bucket_to_launch_ = 0;
   callback_queued_ = false;
   local_unused_error_ = false;
 }
 
 void Reducer::drain_in_flight() noexcept {
-  for (auto& bucket : buckets_) {
-    if (!bucket.work) continue;
+  const auto drain = [](const comm::WorkPtr& work) {
+    if (!work) return;
     try {
-      bucket.work->wait();
+      work->wait();
     } catch (...) {
       // Already failed; the reducer is being reset or destroyed and nobody can use the result.
     }
-  }
+  };
+  for (auto& bucket : buckets_) drain(bucket.work);
+  drain(tail_work_);
 }
 
 }  // namespace tandem::ddp

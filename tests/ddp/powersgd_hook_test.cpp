@@ -1,6 +1,7 @@
 // The PowerSGD comm hook: PyTorch's powerSGD_hook numerics on two real processes (tests/fixtures/powersgd_pytorch.json,
 // made by make_powersgd_fixture.py), and inside DDP on thread ranks: plain averaging before its start iteration,
-// replicas that stay identical after it, the reducer's bookkeeping tail kept intact, and what goes on the wire.
+// replicas that stay identical after it, the reducer's bookkeeping kept intact, the one bucket rebuild followed,
+// and what goes on the wire.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -129,9 +130,9 @@ TEST(PowerSgdInDdp, AveragesPlainlyBeforeItsStartIteration) {
   });
 }
 
-// Compressed from the third iteration on, with several buckets (the last holds the tail) and a parameter that
-// is never used: the replicas stay bit-identical, the unused parameter keeps its gradient, and training still
-// lowers the loss.
+// Compressed from the third iteration on, with several buckets and a parameter that is never used (the
+// reducer's bookkeeping, which finds it, travels beside the compressed buckets): the replicas stay bit-identical,
+// the unused parameter keeps its gradient, and training still lowers the loss.
 TEST(PowerSgdInDdp, KeepsReplicasIdenticalAndTheTailIntact) {
   Scenario s;
   s.steps = 12;
@@ -159,15 +160,40 @@ TEST(PowerSgdInDdp, KeepsReplicasIdenticalAndTheTailIntact) {
   EXPECT_LT(from_reference.max_rel, 0.5);  // ...but not a different model either
 }
 
+// Error feedback and warm start off, so compression starts at once (PyTorch allows it): the first iteration is
+// compressed in the first buckets, the next ones in the buckets DDP rebuilt in gradient order, which the hook
+// must follow as the same model's.
+TEST(PowerSgdInDdp, CompressesFromTheFirstIterationAcrossTheBucketRebuild) {
+  Scenario s;
+  s.steps = 6;
+  s.options.check_replicas_every = 1;
+  s.options.bucket_cap_mb = 300.0 / (1024 * 1024);
+  s.options.first_bucket_cap_mb = 100.0 / (1024 * 1024);
+  std::vector<std::vector<torch::Tensor>> trained(2);
+  run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    ddp::PowerSgdOptions options;
+    options.start_powersgd_iter = 0;
+    options.use_error_feedback = false;
+    options.warm_start = false;
+    options.min_compression_rate = 1;
+    trained[rank] = train_with_powersgd(s, rank, communicator, options);
+  });
+  EXPECT_EQ(compare(trained[1], trained[0]).max_abs, 0.0);
+  const Difference from_reference = compare(trained[0], train_reference(s));
+  EXPECT_GT(from_reference.max_rel, 0.0);  // compressed from the first step
+  EXPECT_LT(from_reference.max_rel, 0.5);
+}
+
 TEST(PowerSgdInDdp, OneHookServesOneModel) {
   run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
     ddp::PowerSgdOptions options;
     options.start_powersgd_iter = 2;
     ddp::CommHookPtr hook = ddp::make_powersgd_hook(options);
     torch::Tensor first = torch::ones({8, 8}), second = torch::ones({8, 8});
-    for (int it = 0; it < 3; ++it) hook->launch(communicator, {0, 1, first.view({-1}), {first}})->wait();
+    const int first_model = 0, second_model = 0;
+    for (int it = 0; it < 3; ++it) hook->launch(communicator, {0, 1, first.view({-1}), {first}, &first_model})->wait();
     try {
-      hook->launch(communicator, {0, 1, second.view({-1}), {second}})->wait();
+      hook->launch(communicator, {0, 1, second.view({-1}), {second}, &second_model})->wait();
       ADD_FAILURE() << "a second model's bucket was accepted";
     } catch (const InvalidArgument& error) {
       EXPECT_NE(std::string(error.what()).find("give each DistributedDataParallel its own"), std::string::npos)

@@ -4,7 +4,8 @@
 // goes on; at the end of backward it calls wait() on every bucket's Work, in bucket order.
 //
 // Contract: after wait(), bucket.buffer must hold the element-wise mean over all ranks of the buffers they
-// passed in (the whole buffer: the reducer keeps a few bookkeeping elements at the end of the last bucket).
+// passed in (the whole buffer). The reducer's bookkeeping (which ranks trained, which failed) reaches a hook
+// only where is_plain_average() says that a mean leaves it exact; every other hook gets gradients alone.
 // The average and fp16/bf16 hooks may be shared by several models; they keep per-bucket scratch space keyed by
 // the buffer. PowerSGD (ddp/powersgd_hook.h) keeps per-model state and serves one model.
 #include <torch/types.h>
@@ -25,8 +26,12 @@ struct GradBucket {
   size_t bucket_count = 0;
   torch::Tensor buffer;      // flat, one dtype; reduced in place
   // Views into `buffer`, shaped like the bucket's parameters, in the order they lie in it, for hooks that work
-  // per parameter. The elements of `buffer` after the last view are the reducer's bookkeeping: average them.
+  // per parameter. Elements of `buffer` after the last view (only for a hook whose is_plain_average() is true)
+  // are the reducer's bookkeeping: average them like the rest.
   std::vector<torch::Tensor> gradients;
+  // The model (its reducer) whose bucket this is: a hook that keeps state per model tells a rebuild of that
+  // model's buckets (new buffers for the same indices) from another model's buckets by it.
+  const void* model = nullptr;
 };
 
 class CommHook {
@@ -34,6 +39,11 @@ class CommHook {
   virtual ~CommHook() = default;
   virtual std::string name() const = 0;
   virtual comm::WorkPtr launch(comm::Communicator& communicator, const GradBucket& bucket) = 0;
+  // True when wait() leaves each element the plain mean of the ranks' elements, computed in the buffer's dtype
+  // (make_average_hook). Only then does the reducer let its bookkeeping ride in a float32 or float64 last bucket;
+  // for any other hook it sums the bookkeeping in float32 in an all-reduce of its own, so that compression or
+  // rounding (bf16 rounds 1/48 summed 48 times to 47/48) never reaches it.
+  virtual bool is_plain_average() const { return false; }
 
   // Bytes this hook has handed to all-reduces since it was made, over every bucket and model it served: what a
   // rank contributes per step is the difference across that step (a ring all-reduce then moves about twice

@@ -26,7 +26,8 @@ struct DdpOptions {
   // communication starts early, as in PyTorch.
   double first_bucket_cap_mb = 1.0;
   BucketPlan bucket_plan = BucketPlan::kCaps;
-  // Buffers (e.g. BatchNorm running statistics) follow rank 0 at each synchronised forward.
+  // Buffers (e.g. BatchNorm running statistics) follow rank 0 at each synchronised forward (under Join, the
+  // highest rank that trained in the previous synchronised iteration; see ddp/join.h).
   bool broadcast_buffers = true;
   // The graph is the same in every iteration: the same parameters get gradients, in the same order. After the
   // first iteration the parameters no rank used leave the buckets for good, and backward stops reporting which

@@ -55,7 +55,10 @@ class DistributedDataParallel {
     return forward(std::forward<Args>(args)...);
   }
 
-  // The wrapped model (PyTorch's `ddp.module`): save it, call its own methods.
+  // The wrapped model (PyTorch's `ddp.module`): save it, call its own methods. A forward and backward through it
+  // bypass DDP on this rank alone (an input gradient, a probe): nothing is communicated, and the backward adds
+  // this rank's own gradients to .grad, so clear the gradients before the wrapper's next backward, as a training
+  // loop does before each step anyway.
   ModuleType& module() { return module_; }
   const ModuleType& module() const { return module_; }
 

@@ -4,8 +4,8 @@
 // proof). Per bucket and iteration, once compression has started:
 //   1. with error feedback, add what compression lost in this bucket last time to the local gradients;
 //   2. view each gradient as a matrix M (n = first dimension, m = the rest); those for which rank r saves
-//      enough, (n + m) * r * min_compression_rate < n * m, are compressed, the others (and the reducer's
-//      bookkeeping tail) are averaged plainly, batched into one all-reduce;
+//      enough, (n + m) * r * min_compression_rate < n * m, are compressed, the others are averaged plainly,
+//      batched into one all-reduce;
 //   3. P = M Q for each compressed M, with Q from the last iteration (warm start) or drawn anew; all-reduce the
 //      Ps, orthogonalize them, Q = M^T P, all-reduce and average the Qs; the bucket gets P Q^T.
 // Bytes on the wire per compressed matrix: (n + m) * r elements instead of n * m.
@@ -15,7 +15,8 @@
 // collectives in the same order.
 //
 // A hook object keeps state per bucket of one model (errors, Ps, Qs, the iteration count): give every
-// DistributedDataParallel its own, on every rank.
+// DistributedDataParallel its own, on every rank. It follows that model's one bucket rebuild (GradBucket::model
+// tells it apart from another model's buckets, which it refuses).
 #include <cstdint>
 
 #include "tandem/ddp/comm_hook.h"

@@ -13,6 +13,10 @@
 //   uneven inputs    a rank out of data answers the others' collectives with zeros (shadow_iteration, used by
 //                 ddp/join.h); gradients are averaged over the ranks that trained in that iteration.
 //
+// Only a backward through a forward of the wrapper reaches the reducer: prepare_for_forward() arms the hooks and
+// the end of that synchronised backward disarms them, so a backward through the bare module (ddp.module(), a
+// saliency map on one rank) stays local, communicates nothing and costs a flag test per parameter.
+//
 // Threading: hooks and the end-of-backward callback run on the autograd thread of the backward call; a mutex
 // guards the state anyway. In a world of one the reducer registers no hooks and costs nothing.
 #include <torch/nn/module.h>
@@ -46,8 +50,9 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Call right before the module's forward. Collective when buffers are broadcast (grad mode on, synchronised
-  // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync);
-  // a forward with grad mode off changes nothing, since no backward can follow it. Every
+  // iteration, broadcast_buffers). Captures whether the coming backward synchronises (see set_require_sync) and
+  // arms the gradient hooks for it; a forward with grad mode off changes nothing, since no backward can follow
+  // it. Every
   // check_replicas_every synchronised forwards it compares the replicas (ReplicaDivergenceError if they
   // differ). Throws CommError once a
   // backward on this rank stopped half way or a gradient all-reduce failed: the ranks' collectives are then
@@ -72,9 +77,17 @@ class Reducer {
 
   // Collective, for a rank that has run out of data while others train on (see ddp/join.h): runs the
   // collectives of one synchronised iteration of the others (buffer broadcast, replica check, every bucket's
-  // all-reduce) with zero gradients and no write-back. Returns how many ranks trained in that iteration; 0 once
-  // every rank shadows. Throws what the trained ranks throw (an unused-parameter error, a failed collective).
+  // all-reduce) with zero gradients. Returns how many ranks trained in that iteration; 0 once every rank
+  // shadows. When some rank trained, this rank's .grad then holds the gradient the trained ranks got, bit for
+  // bit (their mean, written back as finish_backward writes it; parameters no rank used keep their .grad), so
+  // that stepping this rank's optimizer keeps its state (momentum, Adam's moments) equal to theirs. Throws what
+  // the trained ranks throw (an unused-parameter error, a failed collective).
   int shadow_iteration();
+  // While on (a Join is open, see ddp/join.h), buffers are broadcast at each synchronised forward from the
+  // highest rank that trained in the last synchronised iteration instead of from rank 0, which may have run out
+  // of data: every step's BatchNorm statistics then come from a batch of that step. Every rank must switch it
+  // alike, between iterations.
+  void set_uneven_inputs(bool on) { uneven_inputs_ = on; }
   // Synchronised backwards this rank took part in with real gradients.
   int64_t synchronised_backwards() const { return synchronised_backwards_; }
   // Collective: every rank's parameters and buffers become `root`'s (after uneven inputs, the replicas of the
@@ -100,8 +113,9 @@ class Reducer {
     compat::GradReadyHook hook;
   };
   struct Bucket {
-    torch::Tensor buffer;  // payload (the gradients), then the tail in the last bucket
-    GradBucket for_hook;   // what the comm hook is handed: the buffer and each parameter's view, made once
+    torch::Tensor buffer;  // payload (the gradients), then room for the tail in the last bucket
+    // What the comm hook is handed: the payload (with the tail where it rides along) and each parameter's view.
+    GradBucket for_hook;
     size_t pending = 0;    // parameters of this bucket not yet ready in this backward
     comm::WorkPtr work;
     // For the timeline, in a recorded step: when this backward launched it, and when the backend completed it
@@ -114,12 +128,14 @@ class Reducer {
   struct TailAgreement {
     std::vector<int> ranks_missing;   // ranks with parameters that got no gradient (an error)
     int trained_ranks = 0;            // ranks that ran a real backward (fewer once some shadow)
+    int highest_trained_rank = -1;    // -1 when every rank shadowed
     std::vector<char> globally_used;  // per parameter, during the unused-parameter search only
   };
 
   std::vector<BucketLayout> plan_buckets(const std::vector<torch::Tensor>& trainable,
                                          const std::vector<size_t>* walk_order) const;
   void allocate_buckets();
+  void place_tail();
   void rebuild_buckets();
   void after_agreement(const TailAgreement& agreement);
   TailAgreement reduce_buckets();
@@ -133,7 +149,9 @@ class Reducer {
   void copy_grad_into_bucket(Param& param);
   void launch_complete_buckets();
   void fill_tail();
+  torch::Tensor tail_on_wire();
   void finish_backward();
+  void average_over_trained(int trained_ranks);
   void write_back(const std::vector<char>& globally_used);
   void reset_iteration();
   void drain_in_flight() noexcept;
@@ -163,11 +181,17 @@ class Reducer {
   std::vector<char> used_in_first_iteration_;  // what static_graph leaves out of the rebuilt buckets
   bool shadowing_ = false;  // this iteration's collectives are a shadow_iteration's
 
-  // Last bucket's tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
-  // find_unused_parameters), a "trained" flag (0 from a shadowing rank), then, during the unused-parameter
-  // search, one "used since the last sync" flag per parameter. Riding on the last all-reduce, it tells every
-  // rank what the others saw at no extra collective.
+  // The tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
+  // find_unused_parameters), world_size_ "trained" flags (rank r sets slot world_size_ + r unless it shadows),
+  // then, during the unused-parameter search, one "used since the last sync" flag per parameter. Each is read as
+  // zero or not, so a mean or a sum serves alike. With a hook that averages plainly (is_plain_average) and a
+  // float32 or float64 last bucket, it rides at the end of that bucket and tells every rank what the others saw
+  // at no extra collective; with any other hook it must not be rounded or compressed, so it is summed in
+  // float32 in an all-reduce of its own (tail_wire_), launched right after the last bucket.
   int64_t tail_numel_ = 0;
+  bool tail_rides_ = false;
+  torch::Tensor tail_wire_;  // float32, on the last bucket's device
+  comm::WorkPtr tail_work_;
   // Whether backward reports which parameters it used: find_unused_parameters, until static_graph ends it.
   bool unused_search_ = false;
   // Filled on the host, then copied into the bucket. Pinned when the bucket is on a GPU, so that the copy is
@@ -179,7 +203,16 @@ class Reducer {
   std::string broken_;  // why this reducer refuses further use; empty while it is usable
   monitor::Timeline* timeline_ = nullptr;
 
+  // Buffers come from this rank at a synchronised forward while uneven_inputs_ is on: the highest rank that
+  // trained in the last synchronised iteration in which any did.
+  int last_trainer_ = 0;
+  bool uneven_inputs_ = false;
+
   std::mutex mutex_;
+  // Armed by a forward of the wrapper with grad mode on (and by a backward reaching its output), disarmed once
+  // a synchronised backward finished: the gradient hooks ignore any other backward (one through the bare
+  // module).
+  bool backward_expected_ = false;
   bool require_sync_ = true;        // set by NoSyncGuard
   bool sync_this_iteration_ = true; // captured at forward
   bool callback_queued_ = false;
