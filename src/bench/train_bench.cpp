@@ -9,6 +9,7 @@
 
 #include "tandem/comm/value_collectives.h"
 #include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/ddp/named_comm_hook.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
@@ -30,14 +31,6 @@ double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
 }
 
 }  // namespace
-
-ddp::CommHookPtr make_comm_hook(const std::string& name, const ddp::PowerSgdOptions& powersgd) {
-  if (name == "average") return ddp::make_average_hook();
-  if (name == "fp16") return ddp::make_fp16_compress_hook();
-  if (name == "bf16") return ddp::make_bf16_compress_hook();
-  if (name == "powersgd") return ddp::make_powersgd_hook(powersgd);
-  throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are average, fp16, bf16 and powersgd", name));
-}
 
 double median_of(std::vector<double> values) {
   TANDEM_CHECK(!values.empty(), "median of nothing");
@@ -67,7 +60,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   ddp::CommHookPtr hook;
   if (communicator) {
     ddp::DdpOptions ddp_options = options.ddp;
-    hook = make_comm_hook(options.comm_hook, options.powersgd);
+    hook = ddp::make_comm_hook(options.comm_hook, options.powersgd);
     ddp_options.comm_hook = hook;
     distributed.emplace(model, communicator, ddp_options);
   }

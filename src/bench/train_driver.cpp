@@ -12,6 +12,7 @@
 
 #include "tandem/comm/backend.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/ddp/named_comm_hook.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
@@ -146,7 +147,7 @@ void run_train_driver(TrainDriverOptions options) {
   const bool compare = options.compare_pytorch;
   if (compare) check_pytorch_can_match(options);
   // Made before any process starts, so a mistyped hook fails once, here.
-  make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
+  ddp::make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
   std::string python = compare ? find_python() : "";
   // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
   const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";

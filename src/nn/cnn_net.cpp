@@ -3,6 +3,7 @@
 #include <torch/nn/functional/activation.h>
 
 #include "tandem/nn/model_registry.h"
+#include "tandem/nn/sync_batch_norm.h"
 #include "tandem/util/error.h"
 
 namespace tandem::nn {
@@ -37,15 +38,24 @@ void CnnNetImpl::reset() {
   conv2_ = register_module("conv2", torch::nn::Conv2d(conv5x5(options_.conv1_channels, options_.conv2_channels)));
   pool2_ = register_module("pool2", torch::nn::MaxPool2d(pool2x2()));
   conv3_ = register_module("conv3", torch::nn::Conv2d(conv5x5(options_.conv2_channels, options_.conv3_channels)));
+  if (options_.batch_norm) {
+    register_module("bn1", torch::nn::BatchNorm2d(options_.conv1_channels));
+    register_module("bn2", torch::nn::BatchNorm2d(options_.conv2_channels));
+    register_module("bn3", torch::nn::BatchNorm2d(options_.conv3_channels));
+  }
   fc1_ = register_module("fc1", torch::nn::Linear(side * side * options_.conv3_channels, options_.fc1_features));
   fc2_ = register_module("fc2", torch::nn::Linear(options_.fc1_features, options_.fc2_features));
   output_ = register_module("output", torch::nn::Linear(options_.fc2_features, options_.num_classes));
 }
 
 torch::Tensor CnnNetImpl::forward(torch::Tensor x) {
-  x = pool1_(torch::relu(conv1_(x)));
-  x = pool2_(torch::relu(conv2_(x)));
-  x = torch::relu(conv3_(x));
+  // Norm layers are looked up by name at each call, so that convert_sync_batchnorm's swap counts.
+  const auto normalised = [&](const char* name, const torch::Tensor& y) {
+    return options_.batch_norm ? forward_batch_norm(*named_children()[name], y) : y;
+  };
+  x = pool1_(torch::relu(normalised("bn1", conv1_(x))));
+  x = pool2_(torch::relu(normalised("bn2", conv2_(x))));
+  x = torch::relu(normalised("bn3", conv3_(x)));
   x = x.flatten(1);
   x = torch::relu(fc1_(x));
   x = torch::relu(fc2_(x));
@@ -54,14 +64,19 @@ torch::Tensor CnnNetImpl::forward(torch::Tensor x) {
 
 namespace {
 // --freeze-layers trains the fully connected classifier (fc1, fc2, output) and freezes the convolutions.
+Model make_cnn(const ModelOptions& o, bool batch_norm) {
+  CnnNetOptions options;
+  options.in_channels = o.in_channels;
+  options.num_classes = o.num_classes;
+  options.image_size = o.image_size;
+  options.batch_norm = batch_norm;
+  return Model{torch::nn::AnyModule(CnnNet(options)), {"fc1.", "fc2.", "output."}};
+}
+
 const ModelRegistration kRegisterCnn("cnn", "the seeds' CNNNet (3 conv + 3 fc, ~0.15M parameters)",
-                                     [](const ModelOptions& o) {
-                                       CnnNetOptions options;
-                                       options.in_channels = o.in_channels;
-                                       options.num_classes = o.num_classes;
-                                       options.image_size = o.image_size;
-                                       return Model{torch::nn::AnyModule(CnnNet(options)), {"fc1.", "fc2.", "output."}};
-                                     });
+                                     [](const ModelOptions& o) { return make_cnn(o, false); });
+const ModelRegistration kRegisterCnnBn("cnn-bn", "the seeds' CNNNet with a BatchNorm after each convolution",
+                                       [](const ModelOptions& o) { return make_cnn(o, true); });
 }  // namespace
 
 }  // namespace tandem::nn

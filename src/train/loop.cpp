@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "tandem/amp/autocast.h"
 #include "tandem/comm/process_group.h"
@@ -19,6 +21,8 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/ddp/join.h"
+#include "tandem/ddp/named_comm_hook.h"
+#include "tandem/ddp/no_sync_guard.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
@@ -57,38 +61,41 @@ NanInjection nan_injection_from_env() {
 struct StepStatistics {
   double loss_sum = 0;            // of the finite losses
   int trained_ranks = 0;          // fewer than the world when some ranks ran out of data (uneven inputs)
+  int64_t samples = 0;            // in this step's batches over every rank: partial batches count what they hold
   std::vector<int> nonfinite_ranks;
   std::vector<double> rank_seconds;
 
   double mean_loss() const { return trained_ranks > 0 ? loss_sum / trained_ranks : 0.0; }
 };
 
-// Built on the loss's device as [loss sum, trained ranks, a non-finite flag per rank, seconds per rank], so the
-// step costs one all-reduce and one read for the metric, the NaN check and the ranks' timings. A rank that
-// shadows the step (no loss) passes an undefined loss.
-StepStatistics reduce_step_statistics(const torch::Tensor& loss, double seconds, int rank,
+// Built on the loss's device as [loss sum, trained ranks, samples, a non-finite flag per rank, seconds per rank],
+// so the step costs one all-reduce and one read for the metric, the NaN check, the throughput and the ranks'
+// timings. A rank that shadows the step (no loss) passes an undefined loss and no samples.
+StepStatistics reduce_step_statistics(const torch::Tensor& loss, int64_t samples, double seconds, int rank,
                                       comm::Communicator* communicator) {
   const int world = communicator ? communicator->world_size() : 1;
   const torch::TensorOptions options =
       torch::TensorOptions().dtype(torch::kFloat64).device(loss.defined() ? loss.device() : torch::kCPU);
-  torch::Tensor stats = torch::zeros({2 + 2 * world}, options);
+  torch::Tensor stats = torch::zeros({3 + 2 * world}, options);
   if (loss.defined()) {
     torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
     torch::Tensor finite = torch::isfinite(value);
     stats.narrow(0, 0, 1).copy_(torch::where(finite, value, torch::zeros_like(value)));
     stats.narrow(0, 1, 1).fill_(1.0);
-    stats.narrow(0, 2 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
+    stats.narrow(0, 3 + rank, 1).copy_(finite.logical_not().to(torch::kFloat64));
   }
-  stats.narrow(0, 2 + world + rank, 1).fill_(seconds);
+  stats.narrow(0, 2, 1).fill_(static_cast<double>(samples));
+  stats.narrow(0, 3 + world + rank, 1).fill_(seconds);
   if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
   const torch::Tensor host = stats.cpu();
   const double* values = host.data_ptr<double>();
   StepStatistics result;
   result.loss_sum = values[0];
   result.trained_ranks = static_cast<int>(std::lround(values[1]));
+  result.samples = std::llround(values[2]);
   for (int r = 0; r < world; ++r) {
-    if (values[2 + r] > 0) result.nonfinite_ranks.push_back(r);
-    result.rank_seconds.push_back(values[2 + world + r]);
+    if (values[3 + r] > 0) result.nonfinite_ranks.push_back(r);
+    result.rank_seconds.push_back(values[3 + world + r]);
   }
   return result;
 }
@@ -97,6 +104,15 @@ StepStatistics reduce_step_statistics(const torch::Tensor& loss, double seconds,
   throw NonFiniteLossError(fmt::format(
       "non-finite loss on rank{} {} at step {} (epoch {}, batch {}); stopping all ranks. Try a lower --lr.",
       stats.nonfinite_ranks.size() > 1 ? "s" : "", fmt::join(stats.nonfinite_ranks, ","), step, epoch, batch_index));
+}
+
+// Every attempt of a job under tandem run (or torchrun with --rdzv-id) shares TORCHELASTIC_RUN_ID, so its run
+// dir runs/<id> is where a restarted attempt finds the first one's checkpoints. Empty outside a launcher, and for
+// torchrun's default id "none", which names no job.
+std::string launcher_run_dir() {
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (!run_id || !*run_id || std::string(run_id) == "none") return "";
+  return std::string("runs/") + run_id;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -114,6 +130,7 @@ struct EpochProgress {
   int64_t batches_done = 0;
   double loss_sum = 0;  // of the per-step losses averaged over ranks
   int64_t steps = 0;
+  int64_t samples = 0;  // trained on, over every rank
   double seconds = 0;  // training time, before a resume included
 };
 
@@ -123,6 +140,9 @@ class Run {
   Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
       nn::ModelHolder model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
       std::shared_ptr<const data::Dataset> eval_set);
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 
   TrainResult execute();
 
@@ -131,7 +151,11 @@ class Run {
   void resume_from(const std::string& checkpoint);
   int64_t make_loaders();
   EpochProgress train_epoch(int epoch, EpochProgress progress);
-  double train_step(int epoch, int64_t batch_index, const data::Batch& batch);
+  StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
+  StepStatistics shadow_step(int epoch, int64_t batch_index);
+  void complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
+                     std::chrono::steady_clock::time_point start);
+  void count_step(EpochProgress& progress, const StepStatistics& stats);
   EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress);
   void set_lr(int epoch);
   CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
@@ -157,6 +181,7 @@ class Run {
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<const data::Dataset> train_set_, eval_set_;
   NanInjection injection_ = nan_injection_from_env();
+  std::vector<double> user_lrs_;  // per param group, as fit() found them
   std::vector<double> base_lrs_;  // per param group, world-size-scaled
   CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
   std::optional<torch::ScalarType> autocast_dtype_;
@@ -172,6 +197,7 @@ class Run {
   std::unique_ptr<ProgressReporter> progress_;
   CheckpointState resumed_;
   RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
+  int64_t steps_per_epoch_ = 0;  // the same on every rank: rank 0's batches, accumulate_batches to a step
   int64_t step_ = 0;
   bool stop_ = false;
 };
@@ -197,20 +223,40 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   if (options_.epochs < 1) throw InvalidArgument(fmt::format("epochs must be at least 1, not {}", options_.epochs));
   if (options_.batch_size < 1) throw InvalidArgument(fmt::format("batch size must be at least 1, not {}", options_.batch_size));
   if (options_.warmup_steps < 0) throw InvalidArgument("warmup steps must not be negative");
+  // A fraction of the rate: below 0 the schedule would turn the rate negative (gradient ascent), above 1 raise it.
+  if (!(options_.lrf >= 0 && options_.lrf <= 1)) {
+    throw InvalidArgument(fmt::format("lrf (the final rate as a fraction of the first) must be between 0 and 1, not {}", options_.lrf));
+  }
   if (!train_set_) throw InvalidArgument("Loop::fit needs a training set");
   if (!options_.loss) throw InvalidArgument("LoopOptions::loss is empty");
   const double scale = options_.scale_lr_by_world_size ? world_ : 1;
-  for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr() * scale);
+  for (auto& group : optimizer_.param_groups()) {
+    user_lrs_.push_back(group.options().get_lr());
+    base_lrs_.push_back(user_lrs_.back() * scale);
+  }
   if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
   if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
+  if (options_.accumulate_batches < 1) {
+    throw InvalidArgument(fmt::format("accumulate batches must be at least 1, not {}", options_.accumulate_batches));
+  }
+  const auto& hooks = ddp::comm_hook_names();
+  if (std::find(hooks.begin(), hooks.end(), options_.comm_hook) == hooks.end()) {
+    throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are {}", options_.comm_hook, fmt::join(hooks, ", ")));
+  }
+  if (options_.strategy == Strategy::kDataParallel && options_.comm_hook != "average") {
+    throw InvalidArgument(fmt::format("--comm-hook {} shapes DDP's all-reduce between processes, and DataParallel "
+                                      "reduces inside one process: drop --comm-hook, or use --strategy ddp",
+                                      options_.comm_hook));
+  }
   if (options_.uneven_inputs) {
-    const char* conflict = options_.strategy == Strategy::kDataParallel ? "--strategy dp (one process has no uneven ranks)"
-                           : options_.max_steps > 0                     ? "--steps (ranks stop at different batches)"
-                           : options_.checkpoint_every > 0 ? "--checkpoint-every (ranks stand at different batches inside an epoch)"
-                           : amp::uses_loss_scaling(options_.precision) ? "--precision 16-mixed (its loss scaler's collective is not shadowed)"
-                           : dynamic_cast<optim::ZeroRedundancyOptimizer*>(&optimizer_) != nullptr
-                               ? "--zero (each step broadcasts parameters from their owners, which a rank out of data is not shadowing)"
-                               : nullptr;
+    const char* conflict =
+        options_.strategy == Strategy::kDataParallel ? "--strategy dp (one process has no uneven ranks)"
+        : options_.max_steps > 0                     ? "--steps (ranks stop at different batches)"
+        : options_.checkpoint_every > 0 ? "--checkpoint-every (ranks stand at different batches inside an epoch)"
+        : options_.comm_hook == "powersgd"
+            ? "--comm-hook powersgd (a rank out of data still sends its error feedback, so the mean over the ranks "
+              "that trained is not exact)"
+            : nullptr;
     if (conflict) throw InvalidArgument(fmt::format("--uneven cannot be combined with {}; drop one of them", conflict));
     ddp::Join::require_joinable(module_);
   }
@@ -221,13 +267,24 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   }
 }
 
+// The schedule wrote scaled and decayed rates into the optimizer; the user's own come back, so that another
+// fit() on the same optimizer starts from them instead of compounding the scaling.
+Run::~Run() {
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size() && g < user_lrs_.size(); ++g) groups[g].options().set_lr(user_lrs_[g]);
+}
+
 std::string Run::prepare_run_dir() {
   std::string checkpoint;
   comm::run_on_all_ranks(communicator_, "to prepare the run directory", [&] {
     if (!is_main_) return;
+    if (options_.run_dir.empty() && !options_.resume && options_.continue_launcher_run) {
+      options_.run_dir = launcher_run_dir();
+    }
     if (options_.run_dir.empty()) options_.run_dir = options_.resume ? newest_run_dir("runs") : timestamped_run_dir();
     if (options_.run_dir.empty()) throw InvalidArgument("--resume: no run under runs/ holds a checkpoint; pass --run-dir");
-    auto latest = find_latest_checkpoint(options_.run_dir);
+    // A damaged newest checkpoint (a crash of the storage, a copy cut short) is reported and skipped.
+    auto latest = find_latest_intact_checkpoint(options_.run_dir);
     if (options_.resume && !latest) throw InvalidArgument("--resume: no checkpoint in " + options_.run_dir);
     if (latest) checkpoint = *latest;
     std::error_code error;
@@ -256,6 +313,17 @@ void Run::resume_from(const std::string& checkpoint) {
           resumed_.shuffle ? "" : ", --no-shuffle", world_, options_.seed, options_.epochs, options_.batch_size,
           options_.shuffle ? "" : ", --no-shuffle"));
     }
+    // batches_done counts batches of the training set the checkpoint was written with: another one would skip or
+    // repeat samples. Checkpoints of tandems that did not record it say 0 samples; a fingerprint of 0 cannot tell.
+    const uint64_t fingerprint = train_set_->fingerprint();
+    if (false && resumed_.train_samples != 0 &&  // REVERT-EXPERIMENT
+        (resumed_.train_samples != train_set_->size() ||
+         (resumed_.train_fingerprint != 0 && fingerprint != 0 && resumed_.train_fingerprint != fingerprint))) {
+      throw InvalidArgument(fmt::format(
+          "{} was written by a run on a training set of {} samples (fingerprint {:016x}), and this run's has {} "
+          "(fingerprint {:016x}); resume with the same training data, or start a new run in another --run-dir",
+          checkpoint, resumed_.train_samples, resumed_.train_fingerprint, train_set_->size(), fingerprint));
+    }
     restore_rng_states(resumed_.rng, rank_, world_, options_.device);
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
@@ -263,6 +331,10 @@ void Run::resume_from(const std::string& checkpoint) {
   step_ = resumed_.step;
   log::main_info("resuming from {} (epoch {}, batch {}, step {})", checkpoint, resumed_.epoch, resumed_.batches_done,
                  resumed_.step);
+  if (options_.comm_hook == "powersgd" && step_ > options_.powersgd.start_powersgd_iter) {
+    log::main_info("PowerSGD's error feedback and warm-start state are not in checkpoints: they start anew here, so "
+                   "this run does not continue bit-identically");
+  }
   if (resumed_.precision != amp::to_string(options_.precision)) {
     log::main_info("the run trained in precision {} so far and continues in {}", resumed_.precision,
                    amp::to_string(options_.precision));
@@ -295,15 +367,18 @@ TrainResult Run::execute() {
     dp_model_ = std::make_unique<dp::DataParallel>(model_, dp::DataParallelOptions{
         options_.dp_devices.empty() ? dp::replica_devices(options_.device, 0) : options_.dp_devices, {}});
   } else {
+    if (communicator_ && world_ > 1) ddp::require_backend_reduces(options_.comm_hook, *communicator_);
     ddp::DdpOptions ddp_options;
     ddp_options.check_replicas_every = options_.check_replicas_every;
     ddp_options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
+    ddp_options.comm_hook = ddp::make_comm_hook(options_.comm_hook, options_.powersgd);
     ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
                                                                                  ddp_options);
   }
   if (!checkpoint.empty()) resume_from(checkpoint);
 
   const int64_t batches_per_epoch = make_loaders();
+  steps_per_epoch_ = (batches_per_epoch + options_.accumulate_batches - 1) / options_.accumulate_batches;
   comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
     if (is_main_) {
       records_ = std::make_unique<RunRecorder>(options_.run_dir, resumed_.epoch, resumed_.step,
@@ -326,11 +401,12 @@ TrainResult Run::execute() {
   for (int epoch = resumed_.epoch; epoch < options_.epochs && !stop_; ++epoch) {
     EpochProgress progress;
     if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
-      progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_train_seconds};
+      progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_samples,
+                  resumed_.epoch_train_seconds};
     }
     progress = train_epoch(epoch, progress);
     result.epochs.push_back(evaluate_epoch(epoch, progress));
-    const bool complete = progress.batches_done >= batches_per_epoch;
+    const bool complete = !stop_ || progress.steps >= steps_per_epoch_;
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
   if (run_timeline_) run_timeline_->finish(step_);
@@ -355,10 +431,14 @@ int64_t Run::make_loaders() {
   const data::BatchLoaderOptions loading{options_.prefetch_batches, options_.device};
   data::DistributedSamplerOptions train_sampling{world_, rank_, options_.shuffle, options_.seed, false};
   train_sampling.uneven = options_.uneven_inputs;
+  // Uneven inputs train every sample once, so no rank drops its partial last batch; a last batch of one sample
+  // joins the one before it, where BatchNorm could not train on it alone.
   const bool drop_last = options_.drop_last && !options_.uneven_inputs;
+  const data::SingleSampleTail tail =
+      options_.uneven_inputs ? data::SingleSampleTail::kMergeIntoPrevious : data::SingleSampleTail::kKeep;
   train_loader_ = std::make_unique<data::BatchLoader>(
       train_set_, data::BatchSampler(data::DistributedSampler(train_set_->size(), train_sampling), options_.batch_size,
-                                     drop_last),
+                                     drop_last, tail),
       loading);
   if (eval_set_) {
     data::DistributedSamplerOptions eval_sampling{world_, rank_, false, options_.seed, false};
@@ -371,7 +451,7 @@ int64_t Run::make_loaders() {
   data::DistributedSamplerOptions first_rank = train_sampling;
   first_rank.rank = 0;
   const int64_t batches_per_epoch =
-      data::BatchSampler(data::DistributedSampler(train_set_->size(), first_rank), options_.batch_size, drop_last)
+      data::BatchSampler(data::DistributedSampler(train_set_->size(), first_rank), options_.batch_size, drop_last, tail)
           .num_batches();
   if (batches_per_epoch == 0) {
     throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
@@ -399,73 +479,112 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   const auto seconds_so_far = [&] {
     return earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const int64_t batches_per_epoch = train_loader_->num_batches();
+  // This rank's batches: under uneven inputs fewer than rank 0's on some ranks, which then shadow the rest.
+  const int64_t batches_here = train_loader_->num_batches();
   std::optional<ddp::Join> join;
   if (options_.uneven_inputs && ddp_model_) join.emplace(*ddp_model_);
+  std::vector<data::Batch> step_batches;
   while (std::optional<data::Batch> batch = train_loader_->next()) {
-    const double loss = train_step(epoch, progress.batches_done, *batch);
-    ++progress.steps;
-    progress.loss_sum += loss;
-    progress_->update(progress.batches_done, progress.loss_sum / progress.steps);
-    ++progress.batches_done;
+    step_batches.push_back(std::move(*batch));
+    const int64_t wanted = std::min(options_.accumulate_batches, batches_here - progress.batches_done);
+    if (static_cast<int64_t>(step_batches.size()) < wanted) continue;
+    const StepStatistics stats = train_step(epoch, progress.batches_done, step_batches);
+    progress.batches_done += static_cast<int64_t>(step_batches.size());
+    step_batches.clear();
+    count_step(progress, stats);
     if (steps_exhausted()) {
       stop_ = true;
-      // The generators as the uninterrupted run has them after this step, before this run's evaluation draws.
-      rng_at_stop_ = gather_rng_states(communicator_, options_.device);
       break;
     }
-    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 &&
-        progress.batches_done < batches_per_epoch) {
+    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 && progress.steps < steps_per_epoch_) {
       progress.seconds = seconds_so_far();
       write_checkpoint(checkpoint_state(epoch, progress));
     }
   }
   if (join) {
-    // The step's statistics are the one collective of a step besides DDP's (16-mixed, whose scaler adds one,
-    // is refused with uneven inputs).
-    // The step counts on this rank too, and is an empty one in its timeline, so that the timeline's window ends
-    // (a collective) at the same step everywhere.
-    join->finish([&] {
-      if (timeline_) timeline_->begin_step(step_ + 1);
-      const StepStatistics stats = reduce_step_statistics(torch::Tensor(), 0.0, rank_, communicator_);
-      ++step_;
-      if (timeline_) timeline_->end_step();
-      if (!stats.nonfinite_ranks.empty()) throw_nonfinite(stats, step_, epoch, progress.batches_done);
-      if (run_timeline_) run_timeline_->after_step(step_);
-    });
+    compat::drop_gradients(optimizer_);
+    join->finish([&] { count_step(progress, shadow_step(epoch, progress.batches_done)); });
   }
+  // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
+  // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
+  // generators after evaluation and on_epoch_end, as at every epoch end.
+  if (stop_ && progress.steps < steps_per_epoch_) rng_at_stop_ = gather_rng_states(communicator_, options_.device);
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
   return progress;
 }
 
-// One optimizer step on `batch`; returns its loss averaged over the ranks.
-double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch) {
+// Every rank counts every step of the epoch, shadowed ones too, so that the epoch's metrics agree.
+void Run::count_step(EpochProgress& progress, const StepStatistics& stats) {
+  ++progress.steps;
+  progress.loss_sum += stats.mean_loss();
+  progress.samples += stats.samples;
+  progress_->update(progress.batches_done, progress.loss_sum / progress.steps);
+}
+
+// One optimizer step on `batches` (accumulate_batches of them, fewer at an epoch's end): all but the last under
+// DDP's no_sync, each loss divided by their count, so that the step's gradient is their mean. Returns what every
+// rank learnt of the step.
+StepStatistics Run::train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches) {
   fault::kill_point("step", step_ + 1);
   const auto start = std::chrono::steady_clock::now();
   if (timeline_) timeline_->begin_step(step_ + 1);
   set_lr(epoch);
   compat::drop_gradients(optimizer_);
-  torch::Tensor loss;
-  {
-    monitor::TimelineSpan span(timeline_, monitor::SpanKind::kForward);
-    loss = in_precision([&] {
-      torch::Tensor output = forward_for_training(batch.data);
-      // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward, so
-      // this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
-      return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
-    });
+  const auto count = static_cast<int64_t>(batches.size());
+  torch::Tensor step_loss;
+  int64_t samples = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const data::Batch& batch = batches[static_cast<size_t>(i)];
+    std::optional<ddp::NoSyncGuard> local_only;
+    if (ddp_model_ && i + 1 < count) local_only.emplace(ddp_model_->reducer());
+    torch::Tensor loss;
+    {
+      monitor::TimelineSpan span(timeline_, monitor::SpanKind::kForward);
+      loss = in_precision([&] {
+        torch::Tensor output = forward_for_training(batch.data);
+        // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward,
+        // so this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
+        return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
+      });
+    }
+    if (count > 1) loss = loss / static_cast<double>(count);
+    if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
+    {
+      monitor::TimelineSpan span(timeline_, monitor::SpanKind::kBackward);
+      scaler_.scale(loss).backward();
+    }
+    step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
+    samples += batch.size();
   }
-  if (rank_ == injection_.rank && step_ == injection_.step) loss = loss * std::numeric_limits<float>::quiet_NaN();
-  {
-    monitor::TimelineSpan span(timeline_, monitor::SpanKind::kBackward);
-    scaler_.scale(loss).backward();
-  }
-  const StepStatistics stats = reduce_step_statistics(loss, seconds_since(start), rank_, communicator_);
+  const StepStatistics stats = reduce_step_statistics(step_loss, samples, seconds_since(start), rank_, communicator_);
   if (!stats.nonfinite_ranks.empty()) {
     progress_->end_epoch();
     throw_nonfinite(stats, step_, epoch, batch_index);
   }
+  complete_step(epoch, batch_index, stats, start);
+  return stats;
+}
+
+// A rank out of batches under uneven inputs, after Join answered the others' backward: the reducer wrote that
+// step's averaged gradient into .grad (ddp/join.h), and this rank steps its optimizer with it as the others do,
+// so that its optimizer state (momentum, Adam's moments, the loss scale) stays theirs and so do its weights.
+// The step is an empty one in its timeline, so that the timeline's window ends (a collective) at the same step
+// everywhere.
+StepStatistics Run::shadow_step(int epoch, int64_t batch_index) {
+  const auto start = std::chrono::steady_clock::now();
+  if (timeline_) timeline_->begin_step(step_ + 1);
+  set_lr(epoch);
+  const StepStatistics stats = reduce_step_statistics(torch::Tensor(), 0, 0.0, rank_, communicator_);
+  if (!stats.nonfinite_ranks.empty()) throw_nonfinite(stats, step_ + 1, epoch, batch_index);
+  complete_step(epoch, batch_index, stats, start);
+  compat::drop_gradients(optimizer_);
+  return stats;
+}
+
+// The optimizer's step on the synchronised gradients, and what follows it on every rank.
+void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
+                        std::chrono::steady_clock::time_point start) {
   bool stepped = false;
   {
     monitor::TimelineSpan span(timeline_, monitor::SpanKind::kOptimizer);
@@ -479,11 +598,10 @@ double Run::train_step(int epoch, int64_t batch_index, const data::Batch& batch)
   if (records_) {
     const double seconds = seconds_since(start);
     records_->record_step({step_, epoch, batch_index, mean_loss, lr, scaler_.get_scale(), stepped, seconds,
-                           seconds > 0 ? options_.batch_size * world_ / seconds : 0.0, stats.rank_seconds});
+                           seconds > 0 ? stats.samples / seconds : 0.0, stats.rank_seconds});
   }
   if (run_timeline_) run_timeline_->after_step(step_);
   if (callbacks_.on_step) callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
-  return mean_loss;
 }
 
 EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
@@ -491,9 +609,18 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   m.epoch = epoch;
   m.loss = progress.steps > 0 ? progress.loss_sum / progress.steps : 0.0;
   m.lr = optimizer_.param_groups()[0].options().get_lr();
-  m.train_seconds = progress.seconds;
-  m.samples_per_second = progress.seconds > 0 ? progress.steps * options_.batch_size * world_ / progress.seconds : 0.0;
+  // The slowest rank's time is the epoch's, and every rank reports the same metrics.
+  torch::Tensor seconds = torch::tensor({progress.seconds}, torch::kFloat64);
+  if (communicator_ && world_ > 1) comm::all_reduce_values(*communicator_, seconds, comm::ReduceOp::Max);
+  m.train_seconds = seconds.item<double>();
+  m.samples_per_second = m.train_seconds > 0 ? progress.samples / m.train_seconds : 0.0;
   m.step = step_;
+  // Each rank's buffers (BatchNorm's running statistics) moved with its own last batch, after that step's
+  // broadcast: every rank takes rank 0's, so that what is evaluated is what the checkpoint saves. Uneven inputs
+  // ended in Join, which already gave every rank the replica of the last rank to train.
+  if (ddp_model_ && world_ > 1 && !options_.uneven_inputs && !module_.buffers().empty()) {
+    ddp_model_->reducer().copy_replica_from(0);
+  }
   if (eval_loader_) {
     // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
     module_.eval();
@@ -532,11 +659,14 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
   state.batch_size = options_.batch_size;
   state.shuffle = options_.shuffle;
   state.drop_last = options_.drop_last;
+  state.train_samples = train_set_->size();
+  state.train_fingerprint = train_set_->fingerprint();
   state.precision = amp::to_string(options_.precision);
   if (scaler_.is_enabled()) state.grad_scaler = scaler_.state_dict();
   state.epoch_loss_sum = progress.loss_sum;
   state.epoch_steps = progress.steps;
   state.epoch_train_seconds = progress.seconds;
+  state.epoch_samples = progress.samples;
   return state;
 }
 

@@ -3,6 +3,7 @@
 
 #include "tandem/nn/cnn_net.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/nn/sync_batch_norm.h"
 #include "tandem/util/error.h"
 
 namespace tandem::nn {
@@ -35,6 +36,22 @@ TEST(CnnNet, ReturnsLogitsOfShapeBatchByClasses) {
   EXPECT_EQ(logits.sizes().vec(), (std::vector<int64_t>{3, 10}));
   // Softmax outputs would be positive and sum to 1 per row; logits from random weights do not.
   EXPECT_GT(logits.sum(1).sub(1).abs().max().item<double>(), 1e-3);
+}
+
+// cnn-bn: the small model with buffers; SyncBatchNorm's conversion must reach the layers forward() runs.
+TEST(CnnNet, CnnBnNormalisesAfterEachConvolutionThroughLayersTheConversionSwaps) {
+  Model model = make_model("cnn-bn", ModelOptions{});
+  torch::nn::Module& module = *model.module.ptr();
+  EXPECT_EQ(module.named_buffers().size(), 9u) << "running mean, variance and count of bn1, bn2, bn3";
+  const torch::Tensor before = module.named_buffers()["bn1.running_mean"].clone();
+  module.train();
+  model.module.forward(torch::randn({4, 1, 28, 28}));
+  EXPECT_FALSE(torch::equal(before, module.named_buffers()["bn1.running_mean"])) << "forward ran bn1";
+  convert_sync_batchnorm(model.module.ptr());
+  EXPECT_EQ(count_sync_batchnorm(module), 3);
+  const torch::Tensor converted = module.named_buffers()["bn1.running_mean"].clone();
+  EXPECT_EQ(model.module.forward(torch::randn({4, 1, 28, 28})).sizes(), (std::vector<int64_t>{4, 10}));
+  EXPECT_FALSE(torch::equal(converted, module.named_buffers()["bn1.running_mean"])) << "forward ran the SyncBatchNorm";
 }
 
 TEST(ModelRegistry, MakesTheCnnAndRejectsUnknownNames) {

@@ -267,7 +267,8 @@ TEST(Loop, Float16MixedOnTheCpuOfLibTorch113IsRefusedInOneLine) {
 // and only a restored generator state gives the continued run the masks of the uninterrupted one. The user's
 // extra state travels in the same checkpoint.
 std::vector<torch::Tensor> fit_with_dropout(const std::string& run_dir, uint64_t init_seed, int64_t stop_after,
-                                            std::map<std::string, std::string>* loaded_extra = nullptr) {
+                                            std::map<std::string, std::string>* loaded_extra = nullptr,
+                                            bool draw_at_epoch_end = false) {
   torch::nn::Sequential net = make_net(init_seed, 0.5);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   LoopOptions options = quiet_options(run_dir);
@@ -283,6 +284,8 @@ std::vector<torch::Tensor> fit_with_dropout(const std::string& run_dir, uint64_t
   loop.callbacks().load_extra = [&](const ExtraState& extra) {
     if (loaded_extra) *loaded_extra = extra.values;
   };
+  // A user's epoch-end code that draws from the generator, as a validation on a random subset would.
+  if (draw_at_epoch_end) loop.callbacks().on_epoch_end = [](const EpochMetrics&) { torch::rand({3}); };
   auto train_set = separable_set(96, 7), test_set = separable_set(20, 8);
   torch::manual_seed(1234);  // the dropout masks' stream, the same for every run of this test
   loop.fit(net, sgd, train_set, test_set);
@@ -299,6 +302,80 @@ TEST(Loop, ContinuedRunDrawsTheSameRandomNumbersAndGetsItsExtraStateBack) {
   EXPECT_EQ(extra["steps_seen"], "17");
 }
 
+// A stop exactly at an epoch's end: the uninterrupted run evaluates and runs on_epoch_end there too, so the
+// checkpoint must hold the generators after them, not from before.
+TEST(Loop, RunStoppedAtAnEpochsEndDrawsTheSameRandomNumbersWhenContinued) {
+  const auto whole = fit_with_dropout(make_temp_dir("loop_epoch_end_whole"), 1, 0, nullptr, true);
+  const std::string split_dir = make_temp_dir("loop_epoch_end_split");
+  fit_with_dropout(split_dir, 1, 12, nullptr, true);  // 96 samples, batch 8: epoch 0 ends at step 12
+  const auto continued = fit_with_dropout(split_dir, 50, 0, nullptr, true);
+  expect_identical(whole, continued, "uninterrupted against continued at an epoch's end");
+}
+
+// Each rank's BatchNorm statistics move with its own last batch; evaluation and the checkpoint must be of one
+// model, the same on every rank.
+TEST(Loop, EveryRankEvaluatesAndEndsWithTheBuffersOfTheSavedModel) {
+  auto train_set = separable_set(96, 7), test_set = separable_set(20, 8);
+  std::vector<std::vector<torch::Tensor>> buffers(2);
+  std::vector<torch::nn::Sequential> nets;
+  for (int rank = 0; rank < 2; ++rank) {
+    torch::manual_seed(1);
+    nets.push_back(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Tanh(),
+                                         torch::nn::Linear(16, 2)));
+  }
+  const std::string run_dir = make_temp_dir("loop_buffers");
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    torch::optim::SGD sgd(nets[rank]->parameters(), torch::optim::SGDOptions(0.05));
+    LoopOptions options = quiet_options(run_dir);
+    options.epochs = 1;
+    Loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {})).fit(nets[rank], sgd, train_set, test_set);
+    for (const auto& buffer : nets[rank]->buffers()) buffers[rank].push_back(buffer.clone());
+  });
+  ASSERT_FALSE(buffers[0].empty());
+  expect_identical(buffers[0], buffers[1], "the ranks' BatchNorm buffers after fit");
+}
+
+TEST(Loop, FitGivesTheOptimizerItsRateBackSoASecondFitDoesNotCompoundTheSchedule) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  std::vector<std::vector<double>> rates(2);
+  for (size_t fit = 0; fit < rates.size(); ++fit) {
+    std::vector<double>& fit_rates = rates[fit];
+    LoopOptions options = quiet_options(make_temp_dir("loop_fit_" + std::to_string(fit)));
+    options.epochs = 2;
+    Loop loop(options, nullptr);
+    loop.callbacks().on_step = [&](const StepInfo& info) { fit_rates.push_back(info.lr); };
+    loop.fit(net, sgd, separable_set(96, 7), nullptr);
+    EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.1);
+  }
+  EXPECT_EQ(rates[0], rates[1]);
+}
+
+TEST(Loop, FinalRateOutsideZeroToOneIsRefusedBeforeTraining) {
+  for (double lrf : {-0.5, 1.5}) {
+    torch::nn::Sequential net = make_net(1);
+    const std::vector<torch::Tensor> before = weights_of(net);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    LoopOptions options = quiet_options(make_temp_dir("loop_lrf"));
+    options.lrf = lrf;
+    EXPECT_THROW(Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr), InvalidArgument) << lrf;
+    expect_identical(before, weights_of(net), "weights after a refused fit");
+  }
+}
+
+// A partial last batch is not a whole one: throughput counts the samples trained on.
+TEST(Loop, ThroughputCountsTheSamplesOfPartialBatches) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  LoopOptions options = quiet_options(make_temp_dir("loop_throughput"));
+  options.epochs = 1;
+  options.drop_last = false;
+  const TrainResult result = Loop(options, nullptr).fit(net, sgd, separable_set(20, 7), nullptr);
+  ASSERT_EQ(result.steps, 3) << "batches of 8, 8 and 4";
+  const EpochMetrics& epoch = result.epochs.at(0);
+  EXPECT_NEAR(epoch.samples_per_second * epoch.train_seconds, 20.0, 1e-6);
+}
+
 TEST(Loop, ScheduleWarmsUpLinearlyThenFollowsTheCosineForEveryParamGroupTimesTheWorldSize) {
   std::vector<std::vector<double>> rates(2);  // per rank: the first group's rate of every step
   std::vector<double> second_group_rate(2);
@@ -313,9 +390,11 @@ TEST(Loop, ScheduleWarmsUpLinearlyThenFollowsTheCosineForEveryParamGroupTimesThe
     options.epochs = 2;
     options.warmup_steps = 4;
     Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
-    loop.callbacks().on_step = [&](const StepInfo& info) { rates[rank].push_back(info.lr); };
+    loop.callbacks().on_step = [&](const StepInfo& info) {
+      rates[rank].push_back(info.lr);
+      second_group_rate[rank] = optimizer.param_groups()[1].options().get_lr();
+    };
     loop.fit(replica, optimizer, train_set, nullptr);
-    second_group_rate[rank] = optimizer.param_groups()[1].options().get_lr();
   });
   const CosineSchedule schedule(0.2, 0.1, 2, 4);
   ASSERT_EQ(rates[0].size(), 12u) << "6 steps per epoch on 2 ranks, 2 epochs";

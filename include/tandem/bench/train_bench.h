@@ -51,9 +51,6 @@ struct TrainBenchResult {
   double bytes_per_step = 0;
 };
 
-// The hook `name` (see TrainBenchOptions::comm_hook) stands for; InvalidArgument for any other name.
-ddp::CommHookPtr make_comm_hook(const std::string& name, const ddp::PowerSgdOptions& powersgd);
-
 // With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel and the call is
 // collective; with null it trains alone, or in DataParallel (options.data_parallel_devices). The data are random images shaped like Fashion-MNIST made before
 // timing, so the figure measures training steps, not loading.

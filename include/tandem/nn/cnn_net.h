@@ -22,6 +22,9 @@ struct CnnNetOptions {
   int64_t num_classes = 10;
   // Height and width of the (square) input; fixes fc1's input size (28 -> 5*5*conv3_channels = 800).
   int64_t image_size = 28;
+  // A BatchNorm2d after each convolution (bn1, bn2, bn3): the small model with buffers that SyncBatchNorm and
+  // the buffer broadcast act on (`tandem train --model cnn-bn`). The seeds' CNNNet has none.
+  bool batch_norm = false;
 };
 
 // Cloneable, so that dp::DataParallel can copy it onto its replicas.

@@ -40,6 +40,7 @@
 #include "tandem/amp/precision.h"
 #include "tandem/comm/communicator.h"
 #include "tandem/data/dataset.h"
+#include "tandem/ddp/powersgd_hook.h"
 #include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/train/checkpoint.h"
@@ -67,10 +68,20 @@ struct LoopOptions {
   uint64_t seed = 0;            // the data order, as PyTorch's DistributedSampler's seed
   bool shuffle = true;
   bool drop_last = true;        // training: drop each rank's last partial batch (evaluation keeps every sample)
+  // Batches per optimizer step: all but the last run under DDP's no_sync (gradients accumulate locally), the last
+  // reduces their sum, and each batch's loss is divided by their count, so a step's gradient is the mean over
+  // its batches, as one batch that many times larger gives. An epoch whose batches do not divide ends on a
+  // smaller step. Steps, max_steps, checkpoint_every and warmup_steps count optimizer steps.
+  int64_t accumulate_batches = 1;
+  // How DDP reduces gradients between processes (ddp/named_comm_hook.h): average, fp16, bf16 or powersgd
+  // (configured by `powersgd`). Each fit() makes its own hook. Not with kDataParallel.
+  std::string comm_hook = "average";
+  ddp::PowerSgdOptions powersgd;
   // Training takes every sample once per epoch: no padding to a multiple of the world size, no dropped tail, so
-  // the ranks get different numbers of batches. A rank out of batches shadows the others' steps (ddp/join.h),
-  // and each step's gradient is the mean over the ranks that trained in it. Needs strategy ddp; not with
-  // max_steps, checkpoint_every, a loss-scaling precision (16-mixed) or a ZeroRedundancyOptimizer.
+  // the ranks get different numbers of batches. A rank out of batches shadows the others' steps (ddp/join.h): it
+  // steps its optimizer with the gradient the others reduced, the mean over the ranks that trained in that step,
+  // so every replica and optimizer state stays equal. A last batch of one sample joins the one before it. Needs
+  // strategy ddp; not with max_steps, checkpoint_every or the powersgd comm hook (each refused up front).
   bool uneven_inputs = false;
   LossFunction loss = cross_entropy_loss;
   // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the world size
@@ -86,6 +97,10 @@ struct LoopOptions {
   // Empty: runs/<timestamp>, chosen by rank 0. A run_dir that holds a checkpoint is continued from its newest
   // one, so a restarted job (tandem run --max-restarts) picks up where it stopped.
   std::string run_dir;
+  // Without run_dir, under a launcher (tandem run, or torchrun with --rdzv-id): the run dir is
+  // runs/<TORCHELASTIC_RUN_ID>, shared by every attempt of the job, so an attempt after a restart
+  // (--max-restarts) continues from the newest checkpoint of the ones before it instead of starting over.
+  bool continue_launcher_run = true;
   bool resume = false;          // without run_dir: continue the newest run under runs/
   bool checkpoint = true;       // rank 0 writes a checkpoint at each epoch end (and when max_steps stops the run)
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
@@ -168,7 +183,9 @@ class Loop {
   // Trains `model` (forward(batch.data) -> output for the loss; logits for evaluation's accuracy) with
   // `optimizer`, which must hold the model's trainable parameters. eval_set null: no evaluation. Collective:
   // every rank calls it with the same model architecture, optimizer kind and data. The model is moved to
-  // options().device and wrapped in DDP for the run; it holds the trained weights afterwards.
+  // options().device and wrapped in DDP for the run; it holds the trained weights afterwards. The schedule sets
+  // each param group's lr during the run; fit() gives every group back the lr it found, so a second fit() on the
+  // same optimizer scales from the user's rate again.
   TrainResult fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
                   std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
 
