@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "tandem/comm/collective_tracker.h"
@@ -73,6 +74,21 @@ void divide_sum(torch::Tensor& tensor, int world_size) { tensor.div_(world_size,
 
 std::string dtype_name(const torch::Tensor& tensor) { return c10::toString(tensor.scalar_type()); }
 
+CollectiveSignature signature_of(std::string kind, const torch::Tensor& tensor) {
+  return {std::move(kind), tensor.scalar_type(), tensor.numel()};
+}
+
+// TANDEM_DISTRIBUTED_DEBUG, as PyTorch's TORCH_DISTRIBUTED_DEBUG: DETAIL compares every collective's signature
+// across the ranks before it starts.
+bool compare_before_every_collective() {
+  const char* level = std::getenv("TANDEM_DISTRIBUTED_DEBUG");
+  if (!level || std::string(level).empty() || std::string(level) == "OFF") return false;
+  if (std::string(level) == "DETAIL") return true;
+  throw InvalidArgument(fmt::format("TANDEM_DISTRIBUTED_DEBUG={} is not a debug level; use DETAIL (compare every "
+                                    "collective across the ranks before it starts) or OFF",
+                                    level));
+}
+
 // What a backend is handed: a complex tensor as a view of (real, imaginary) pairs, as PyTorch's
 // torch.distributed does, since neither c10d's Gloo nor MPI's reductions here know complex types. The view
 // shares the caller's memory, so in-place results land in the complex tensor.
@@ -111,6 +127,7 @@ Communicator::Communicator(std::string backend_name, StorePtr store, int rank, i
       timeout_(timeout),
       capabilities_(capabilities),
       device_(device),
+      compare_before_every_collective_(compare_before_every_collective()),
       tracker_(std::make_shared<CollectiveTracker>(std::move(store), rank, world_size)) {}
 
 Communicator::~Communicator() = default;
@@ -132,9 +149,11 @@ void Communicator::check_device(const torch::Tensor& tensor, const std::string& 
                                      tensor.device().str(), operation, advice));
 }
 
-WorkPtr Communicator::issue(const std::string& operation, const std::function<WorkPtr()>& start,
+WorkPtr Communicator::issue(CollectiveSignature signature, const std::function<WorkPtr()>& start,
                             std::function<void()> on_complete) {
-  const uint64_t sequence = tracker_->begin();
+  const std::string operation = signature.kind;
+  const uint64_t sequence = tracker_->begin(std::move(signature));
+  if (compare_before_every_collective_) tracker_->agree(sequence, timeout_);
   auto report_failure = [tracker = tracker_, operation, sequence, timeout = timeout_](const std::exception& error) {
     tracker->fail(operation, sequence, error.what(), timeout);
   };
@@ -158,7 +177,7 @@ WorkPtr Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   std::function<void()> finish;
   if (wire.divide_result) finish = [tensor, world = world_size_]() mutable { divide_sum(tensor, world); };
   torch::Tensor sent = on_wire(tensor);
-  return issue(operation, [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
+  return issue(signature_of(operation, tensor), [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
 }
 
 WorkPtr Communicator::broadcast(torch::Tensor& tensor, int root) {
@@ -167,7 +186,8 @@ WorkPtr Communicator::broadcast(torch::Tensor& tensor, int root) {
   }
   check_device(tensor, "broadcast");
   torch::Tensor sent = on_wire(tensor);
-  return issue("broadcast", [&] { return start_broadcast(sent, root); });
+  return issue(signature_of(fmt::format("broadcast(root {})", root), tensor),
+               [&] { return start_broadcast(sent, root); });
 }
 
 WorkPtr Communicator::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
@@ -185,7 +205,7 @@ WorkPtr Communicator::all_gather(std::vector<torch::Tensor>& outputs, const torc
   }
   std::vector<torch::Tensor> received;
   for (const auto& output : outputs) received.push_back(on_wire(output));
-  return issue("all_gather", [&] { return start_all_gather(received, on_wire(input)); });
+  return issue(signature_of("all_gather", input), [&] { return start_all_gather(received, on_wire(input)); });
 }
 
 WorkPtr Communicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
@@ -208,7 +228,8 @@ WorkPtr Communicator::reduce_scatter(torch::Tensor& output, const torch::Tensor&
     std::function<void()> finish;
     if (wire.divide_result) finish = [output, world = world_size_]() mutable { divide_sum(output, world); };
     torch::Tensor received = on_wire(output);
-    return issue(operation, [&] { return start_reduce_scatter(received, on_wire(send), wire.op); }, std::move(finish));
+    return issue(signature_of(operation, input), [&] { return start_reduce_scatter(received, on_wire(send), wire.op); },
+                 std::move(finish));
   }
   // Emulated: all-reduce a copy of the whole input and keep this rank's chunk.
   torch::Tensor reduced = send.is_same(input) ? input.contiguous().clone() : send.contiguous();
@@ -218,11 +239,11 @@ WorkPtr Communicator::reduce_scatter(torch::Tensor& output, const torch::Tensor&
     output.copy_(mine);
   };
   torch::Tensor sent = on_wire(reduced);
-  return issue(operation, [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
+  return issue(signature_of(operation, input), [&] { return start_all_reduce(sent, wire.op); }, std::move(finish));
 }
 
 WorkPtr Communicator::barrier() {
-  return issue("barrier", [&] { return start_barrier(); });
+  return issue(CollectiveSignature{"barrier", std::nullopt, 0}, [&] { return start_barrier(); });
 }
 
 }  // namespace tandem::comm

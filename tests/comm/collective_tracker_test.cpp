@@ -1,6 +1,7 @@
 // What a failed collective's message says about the other ranks: a lost rank (its value in the store stood
-// still: process gone, host or network down) is named as lost; with every rank alive, those that never
-// issued the collective are named instead. Ranks are trackers on one in-memory store.
+// still: process gone, host or network down) is named as lost; with every rank alive, ranks in another
+// collective of the same number are named with theirs, and those that never issued the collective are named
+// instead. Ranks are trackers on one in-memory store.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -13,6 +14,8 @@ namespace tandem::comm {
 namespace {
 
 using namespace std::chrono_literals;
+
+const CollectiveSignature kSum{"all_reduce(sum)", c10::kFloat, 8};
 
 // Waits (bounded) until `rank` has published that it issued `count` collectives.
 void wait_until_published(c10d::Store& store, int rank, uint64_t count) {
@@ -41,12 +44,12 @@ TEST(CollectiveTracker, NamesTheRankThatWasLost) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   CollectiveTracker survivor(store, 0, 3);
   CollectiveTracker alive(store, 2, 3);
-  survivor.begin();
-  alive.begin();
+  survivor.begin(kSum);
+  alive.begin(kSum);
   {
     // Rank 1 issued the collective too, then its host went away: it had reached it, and it is still lost.
     CollectiveTracker lost(store, 1, 3);
-    lost.begin();
+    lost.begin(kSum);
     wait_until_published(*store, 1, 1);
   }
   wait_until_published(*store, 2, 1);
@@ -62,13 +65,72 @@ TEST(CollectiveTracker, NamesLiveRanksThatNeverReachedTheCollective) {
   CollectiveTracker survivor(store, 0, 3);
   CollectiveTracker ahead(store, 1, 3);
   CollectiveTracker behind(store, 2, 3);
-  for (CollectiveTracker* tracker : {&survivor, &ahead, &ahead, &behind}) tracker->begin();
+  for (CollectiveTracker* tracker : {&survivor, &ahead, &ahead, &behind}) tracker->begin(kSum);
   wait_until_published(*store, 1, 2);
   wait_until_published(*store, 2, 1);
-  const std::string message = failure_message(survivor, survivor.begin(), "Connection closed by peer");
+  const std::string message = failure_message(survivor, survivor.begin(kSum), "Connection closed by peer");
   EXPECT_NE(message.find("all_reduce(sum) #2 on rank 0/3 failed: rank(s) 2 never reached it"), std::string::npos)
       << message;
   EXPECT_EQ(message.find("lost"), std::string::npos) << message;
+}
+
+TEST(CollectiveTracker, NamesWhichRankIsInWhichCollective) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  CollectiveTracker reducing(store, 0, 3);
+  CollectiveTracker waiting(store, 1, 3);
+  CollectiveTracker behind(store, 2, 3);
+  // Every rank agrees on collective #1; at #2 rank 0 all-reduces while rank 1 waits in a barrier, and then
+  // issues more, which pushes #2 back among the collectives it remembers.
+  for (CollectiveTracker* tracker : {&reducing, &waiting, &behind}) tracker->begin(kSum);
+  reducing.begin({"all_reduce(avg)", c10::kFloat, 60});
+  waiting.begin({"barrier", std::nullopt, 0});
+  for (int i = 0; i < 5; ++i) waiting.begin(kSum);
+  wait_until_published(*store, 1, 7);
+  wait_until_published(*store, 2, 1);
+  const std::string message = failure_message(reducing, 2, "Timed out waiting 10000ms for recv operation");
+  EXPECT_NE(message.find("all_reduce(sum) #2 on rank 0/3 timed out after 10 s: collective #2 differs across ranks: "
+                         "rank 0 in all_reduce(avg) float32[60], rank 1 in barrier; rank(s) 2 never reached it"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("every rank reached it"), std::string::npos) << message;
+}
+
+TEST(CollectiveTracker, AgreeRefusesACollectiveThatDiffersOnEveryRank) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  CollectiveTracker reducing(store, 0, 2);
+  CollectiveTracker waiting(store, 1, 2);
+  std::string messages[2];
+  auto agree = [&](CollectiveTracker& tracker, int rank) {
+    try {
+      tracker.agree(tracker.begin(kSum), 10s);
+      tracker.agree(tracker.begin(rank == 0 ? CollectiveSignature{"all_reduce(avg)", c10::kFloat, 60}
+                                            : CollectiveSignature{"barrier", std::nullopt, 0}),
+                    10s);
+    } catch (const CommError& error) {
+      messages[rank] = error.what();
+    }
+  };
+  std::thread other([&] { agree(waiting, 1); });
+  agree(reducing, 0);
+  other.join();
+  for (const std::string& message : messages) {
+    EXPECT_EQ(message.find("collective #2 differs across ranks: rank 0 in all_reduce(avg) float32[60], rank 1 in "
+                           "barrier; every rank must issue the same collectives in the same order"),
+              0u)
+        << message;
+  }
+}
+
+TEST(CollectiveTracker, AgreeNamesTheRankThatNeverPublished) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  CollectiveTracker waiting(store, 0, 2);
+  CollectiveTracker absent(store, 1, 2);
+  try {
+    waiting.agree(waiting.begin(kSum), 1s);
+    ADD_FAILURE() << "agree() returned without rank 1";
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what()).find("rank(s) 1 never reached it"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/comm/collective_signature.h"
 #include "tandem/comm/rendezvous.h"
 
 namespace tandem::comm {
@@ -107,9 +108,10 @@ class Communicator {
   [[noreturn]] void report_connect_failure(const std::string& backend_message);
 
  private:
-  // Numbers the collective, starts it and wraps the backend's work so that its failures are reported and
+  // Numbers the collective (and under TANDEM_DISTRIBUTED_DEBUG=DETAIL compares its signature across the ranks),
+  // starts it and wraps the backend's work so that its failures are reported and
   // `on_complete` (the end of an emulation: a division, a chunk copied out) runs once it completed.
-  WorkPtr issue(const std::string& operation, const std::function<WorkPtr()>& start,
+  WorkPtr issue(CollectiveSignature signature, const std::function<WorkPtr()>& start,
                 std::function<void()> on_complete = nullptr);
   // Refuses a tensor on a device the backend does not take.
   void check_device(const torch::Tensor& tensor, const std::string& operation) const;
@@ -120,6 +122,8 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   Capabilities capabilities_;
   torch::Device device_;
+  // TANDEM_DISTRIBUTED_DEBUG=DETAIL, read once at construction.
+  bool compare_before_every_collective_;
   std::shared_ptr<CollectiveTracker> tracker_;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;
