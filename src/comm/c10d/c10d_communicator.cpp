@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "tandem/comm/work_deadline.h"
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
@@ -39,15 +40,19 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 class C10dWork : public Work {
  public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string backend, std::string operation, torch::Tensor tensor)
+  // `deadline`: the host polls the work until then before c10d's wait(); none where c10d's wait() keeps time.
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string backend, std::string operation, torch::Tensor tensor,
+           std::optional<WorkDeadline> deadline)
       : work_(std::move(work)),
         backend_(std::move(backend)),
         operation_(std::move(operation)),
-        tensor_(std::move(tensor)) {}
+        tensor_(std::move(tensor)),
+        deadline_(std::move(deadline)) {}
 
   void wait() override {
     if (finished_) return;
     try {
+      if (deadline_) deadline_->wait([this] { return work_->isCompleted(); });
       work_->wait();
     } catch (const std::exception& error) {
       rethrow_worded(error, backend_, operation_, tensor_);
@@ -81,6 +86,7 @@ class C10dWork : public Work {
   std::string backend_;
   std::string operation_;
   torch::Tensor tensor_;
+  std::optional<WorkDeadline> deadline_;
   bool finished_ = false;
   std::function<void()> observer_at_wait_;
 };
@@ -88,8 +94,10 @@ class C10dWork : public Work {
 }  // namespace
 
 C10dCommunicator::C10dCommunicator(std::string backend_name, StorePtr store, int rank, int world_size,
-                                   std::chrono::milliseconds timeout, Capabilities capabilities, torch::Device device)
-    : Communicator(std::move(backend_name), std::move(store), rank, world_size, timeout, capabilities, device) {}
+                                   std::chrono::milliseconds timeout, Capabilities capabilities, torch::Device device,
+                                   Completion completion)
+    : Communicator(std::move(backend_name), std::move(store), rank, world_size, timeout, capabilities, device),
+      completion_(completion) {}
 
 C10dCommunicator::~C10dCommunicator() {
   if (group_) compat::release_communicators(*group_);
@@ -105,13 +113,17 @@ void C10dCommunicator::connect(const std::function<c10::intrusive_ptr<compat::C1
 
 WorkPtr C10dCommunicator::wrap(const std::string& operation, const torch::Tensor& tensor,
                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  std::optional<WorkDeadline> deadline;
+  if (completion_ == Completion::kPollUntilDeadline) {
+    deadline.emplace(backend_name() + " " + operation, WorkDeadline::Clock::now(), timeout());
+  }
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start();
   } catch (const std::exception& error) {
     rethrow_worded(error, backend_name(), operation, tensor);
   }
-  return std::make_shared<C10dWork>(std::move(work), backend_name(), operation, tensor);
+  return std::make_shared<C10dWork>(std::move(work), backend_name(), operation, tensor, std::move(deadline));
 }
 
 WorkPtr C10dCommunicator::start_all_reduce(torch::Tensor& tensor, ReduceOp op) {

@@ -3,11 +3,17 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include "tandem/comm/collective_tracker.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
 namespace {
+
+// c10d's own timeout, past ours: its watchdog aborts the process at that point, so it is left only for a
+// collective nobody waits on. A collective that is waited on times out first, on the host (work_deadline.h),
+// and the tracker then has time to find out why before the TimeoutError is thrown.
+constexpr std::chrono::milliseconds kWatchdogGrace = 2 * CollectiveTracker::kDiagnosisDeadline;
 
 // Checked before any NCCL call, so that the user reads why instead of NCCL's "duplicate GPU detected".
 torch::Device checked_device(const RankLayout& layout, torch::Device device) {
@@ -29,11 +35,11 @@ NcclCommunicator::NcclCommunicator(StorePtr store, const RankLayout& layout, std
                                    torch::Device device)
     : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout,
                        Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCUDA},
-                       checked_device(layout, device)) {
+                       checked_device(layout, device), Completion::kPollUntilDeadline) {
   make_current(this->device());
   connect([&] {
     auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
+    options->timeout = timeout + kWatchdogGrace;
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, layout.rank, layout.world_size, options);
   });
 }

@@ -1,6 +1,8 @@
 #pragma once
 // The part of the gloo and nccl backends that is the same: both wrap one of LibTorch's c10d process groups.
 // This class hands the base's collectives to the group and words c10d's refusals of a dtype as tandem's.
+#include <optional>
+
 #include "tandem/comm/communicator.h"
 #include "tandem/util/compat.h"
 
@@ -11,8 +13,18 @@ class C10dCommunicator : public Communicator {
   ~C10dCommunicator() override;
 
  protected:
+  // How a collective's wait() learns that it has completed.
+  enum class Completion {
+    // c10d's wait() returns once it has, or throws at c10d's own timeout (gloo).
+    kBackendWaits,
+    // c10d's wait() only orders streams (nccl): the host first polls the work until the collective's deadline
+    // (comm/work_deadline.h), so that a collective a peer never joins ends in a TimeoutError.
+    kPollUntilDeadline,
+  };
+
   C10dCommunicator(std::string backend_name, StorePtr store, int rank, int world_size,
-                   std::chrono::milliseconds timeout, Capabilities capabilities, torch::Device device = torch::kCPU);
+                   std::chrono::milliseconds timeout, Capabilities capabilities, torch::Device device = torch::kCPU,
+                   Completion completion = Completion::kBackendWaits);
   // Connects the backend; the derived constructor passes a function that creates its c10d group, so that a
   // failure to connect is reported like any collective's.
   void connect(const std::function<c10::intrusive_ptr<compat::C10dBackend>()>& create);
@@ -30,6 +42,7 @@ class C10dCommunicator : public Communicator {
                const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
 
   c10::intrusive_ptr<compat::C10dBackend> group_;
+  Completion completion_;
 };
 
 }  // namespace tandem::comm
