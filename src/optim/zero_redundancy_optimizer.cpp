@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "tandem/comm/rank_agreement.h"
 #include "tandem/comm/value_collectives.h"
 #include "tandem/optim/optimizer_archive.h"
 #include "tandem/util/compat.h"
@@ -148,7 +149,9 @@ void ZeroRedundancyOptimizer::move_state(torch::optim::Optimizer& from, torch::o
 }
 
 // Non-root ranks receive the other ranks' archives too and drop them: the communicator has no gather, and a
-// broadcast per rank keeps what a rank holds at a time to one rank's share.
+// broadcast per rank keeps what a rank holds at a time to one rank's share. A root that fails to load one share
+// still takes part in the remaining broadcasts, and the ranks agree on the outcome at the end: every rank then
+// fails at once, instead of the others waiting in a broadcast the root never joins until the timeout.
 void ZeroRedundancyOptimizer::consolidate_state_dict(int root) {
   if (root < 0 || root >= world_) {
     throw InvalidArgument(fmt::format("consolidate_state_dict: root {} is not a rank of a world of {}", root, world_));
@@ -157,15 +160,28 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int root) {
   const std::vector<torch::Tensor> parameters = all_parameters();
   const torch::Device device = parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
   std::unique_ptr<torch::optim::Optimizer> full;
-  if (rank_ == root) {
-    full = make_checked(make_optimizer_, param_groups_);
-    size_t index = 0;
-    for (const torch::Tensor& parameter : parameters) {
-      if (partition_.owner[index++] != root) continue;
-      const auto key = compat::optimizer_state_key(parameter);
-      auto found = local_->state().find(key);
-      if (found != local_->state().end()) full->state()[key] = found->second->clone();
+  std::exception_ptr failure;
+  auto on_root = [&](int sender, const std::function<void()>& action) {
+    if (failure) return;
+    try {
+      action();
+    } catch (const std::exception& error) {
+      failure = std::make_exception_ptr(Error(fmt::format(
+          "consolidate_state_dict on rank {}: could not gather rank {}'s optimizer state: {}", rank_, sender,
+          error.what())));
     }
+  };
+  if (rank_ == root) {
+    on_root(root, [&] {
+      full = make_checked(make_optimizer_, param_groups_);
+      size_t index = 0;
+      for (const torch::Tensor& parameter : parameters) {
+        if (partition_.owner[index++] != root) continue;
+        const auto key = compat::optimizer_state_key(parameter);
+        auto found = local_->state().find(key);
+        if (found != local_->state().end()) full->state()[key] = found->second->clone();
+      }
+    });
   }
   for (int sender = 0; sender < world_; ++sender) {
     if (sender == root) continue;
@@ -175,10 +191,13 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int root) {
     if (rank_ != sender) archive = torch::empty({size.item<int64_t>()}, torch::kUInt8);
     comm::broadcast_values(*communicator_, archive, sender);
     if (rank_ != root) continue;
-    std::unique_ptr<torch::optim::Optimizer> share = make_checked(make_optimizer_, groups_owned_by(sender));
-    load_optimizer_archive(*share, archive, device);
-    move_state(*share, *full, sender);
+    on_root(sender, [&] {
+      std::unique_ptr<torch::optim::Optimizer> share = make_checked(make_optimizer_, groups_owned_by(sender));
+      load_optimizer_archive(*share, archive, device);
+      move_state(*share, *full, sender);
+    });
   }
+  comm::agree_or_throw(failure, communicator_.get(), "to consolidate the optimizer state");
   consolidated_ = std::move(full);
 }
 

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 
 #include "support/thread_ranks.h"
 #include "tandem/optim/optimizer_archive.h"
@@ -155,6 +157,47 @@ TEST(ZeroRedundancyOptimizer, ConsolidatedSgdStateIsThePlainOptimizers) {
 
 TEST(ZeroRedundancyOptimizer, ConsolidatedAdamStateIsThePlainOptimizers) {
   expect_consolidated_archive_continues_plainly<torch::optim::Adam>(2, 0, kAdam);
+}
+
+// The root cannot load the first other rank's share (its factory throws): every rank fails, the root with its
+// own error and the others naming the root, rather than some leaving consolidate_state_dict as if it had
+// worked and others waiting in a broadcast the root never joins.
+void expect_every_rank_fails_with_the_root(int world) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  testing::run_thread_ranks(
+      world,
+      [&](int rank, comm::Communicator& communicator) {
+        int made = 0;  // the local optimizer, the root's full one, then one per other rank's share
+        OptimizerFactory fails_on_first_share = [&made, rank](std::vector<torch::optim::OptimizerParamGroup> groups)
+            -> std::unique_ptr<Optimizer> {
+          if (rank == 0 && ++made == 3) throw std::runtime_error("injected: this share cannot be loaded");
+          return std::make_unique<torch::optim::SGD>(std::move(groups), kSgd);
+        };
+        std::vector<torch::Tensor> parameters = make_parameters();
+        ZeroRedundancyOptimizer sharded(parameters, fails_on_first_share, borrow(communicator));
+        set_gradients(parameters, 0);
+        sharded.step();
+        try {
+          sharded.consolidate_state_dict(0);
+        } catch (const std::exception& error) {
+          errors[static_cast<size_t>(rank)] = error.what();
+        }
+      },
+      std::chrono::seconds(10));
+  EXPECT_NE(errors[0].find("could not gather rank 1's optimizer state: injected: this share cannot be loaded"),
+            std::string::npos)
+      << errors[0];
+  for (int rank = 1; rank < world; ++rank) {
+    EXPECT_NE(errors[static_cast<size_t>(rank)].find("rank 0 failed to consolidate the optimizer state"),
+              std::string::npos)
+        << "rank " << rank << ": " << errors[static_cast<size_t>(rank)];
+  }
+}
+
+TEST(ZeroRedundancyOptimizer, ARootThatCannotLoadAShareFailsEveryRankOfTwo) { expect_every_rank_fails_with_the_root(2); }
+
+TEST(ZeroRedundancyOptimizer, ARootThatCannotLoadAShareFailsEveryRankOfThree) {
+  expect_every_rank_fails_with_the_root(3);
 }
 
 // A plain optimizer's archive (a checkpoint of a run without sharding) loads into every rank, each keeping the
