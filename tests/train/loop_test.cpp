@@ -351,6 +351,36 @@ TEST(Loop, FitGivesTheOptimizerItsRateBackSoASecondFitDoesNotCompoundTheSchedule
   EXPECT_EQ(rates[0], rates[1]);
 }
 
+// Uneven inputs: ranks out of batches shadow the others' steps, and the contract says every rank runs on_step
+// after each optimizer step and gets the same epoch metrics.
+TEST(Loop, UnevenRanksEachSeeEveryStepAndTheSameEpochMetrics) {
+  auto train_set = separable_set(52, 7);  // 18, 17, 17 samples: batches of 8 give 3, 2 and 2 steps
+  std::vector<torch::nn::Sequential> nets;
+  for (int rank = 0; rank < 3; ++rank) nets.push_back(make_net(1));
+  std::vector<std::vector<int64_t>> steps(3);
+  std::vector<TrainResult> results(3);
+  const std::string run_dir = make_temp_dir("loop_uneven_steps");
+  testing::run_thread_ranks(3, [&](int rank, comm::Communicator& communicator) {
+    torch::optim::SGD sgd(nets[rank]->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    LoopOptions options = quiet_options(run_dir);
+    options.epochs = 2;
+    options.uneven_inputs = true;
+    options.check_replicas_every = 1;
+    Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    loop.callbacks().on_step = [&](const StepInfo& info) { steps[rank].push_back(info.step); };
+    results[rank] = loop.fit(nets[rank], sgd, train_set, nullptr);
+  });
+  EXPECT_EQ(steps[0], (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  for (int rank = 1; rank < 3; ++rank) {
+    EXPECT_EQ(steps[rank], steps[0]) << "rank " << rank;
+    for (size_t e = 0; e < 2; ++e) {
+      EXPECT_DOUBLE_EQ(results[rank].epochs.at(e).loss, results[0].epochs.at(e).loss) << "rank " << rank;
+      EXPECT_DOUBLE_EQ(results[rank].epochs.at(e).samples_per_second, results[0].epochs.at(e).samples_per_second);
+    }
+    expect_identical(weights_of(nets[0]), weights_of(nets[rank]), "replicas after uneven epochs");
+  }
+}
+
 TEST(Loop, FinalRateOutsideZeroToOneIsRefusedBeforeTraining) {
   for (double lrf : {-0.5, 1.5}) {
     torch::nn::Sequential net = make_net(1);
