@@ -25,8 +25,9 @@ DataFolder open_mnist_files(const DataFolderOptions& o) {
   DataFolder d;
   d.is_mnist = true;
   const Normalization normalization = o.normalization ? *o.normalization : guess_normalization(o.dir);
-  auto train_set = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTrain, normalization);
-  d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, normalization);
+  d.num_classes = o.num_classes > 0 ? o.num_classes : kMnistClasses;
+  auto train_set = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTrain, normalization, d.num_classes);
+  d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, normalization, d.num_classes);
   const int64_t side = train_set->images().size(2);
   if (o.image_size != 0 && o.image_size != side) {
     throw InvalidArgument(fmt::format("--image-size {}: {} holds MNIST files of {}x{} images, which are used as "
@@ -36,7 +37,6 @@ DataFolder open_mnist_files(const DataFolderOptions& o) {
   }
   d.in_channels = train_set->images().size(1);
   d.image_size = side;
-  d.num_classes = std::max<int64_t>(10, train_set->labels().max().item<int64_t>() + 1);
   d.train = train_set;
   return d;
 }

@@ -78,10 +78,12 @@ Normalization parse_normalization(const std::string& text) {
   return result;
 }
 
-MnistDataset::MnistDataset(const std::string& dir, MnistSplit split, Normalization normalization) {
+MnistDataset::MnistDataset(const std::string& dir, MnistSplit split, Normalization normalization,
+                           int64_t num_classes) {
   if (!(normalization.std > 0)) {
     throw InvalidArgument(detail::concat("MNIST normalisation std must be > 0, got ", normalization.std));
   }
+  if (num_classes < 1) throw InvalidArgument(detail::concat("MNIST: ", num_classes, " classes; at least 1 is needed"));
   const std::string prefix = split == MnistSplit::kTrain ? "train" : "t10k";
   images_path_ = find_file(dir, prefix + "-images", "idx3", detail::concat(mnist_split_name(split), " images"));
   labels_path_ = find_file(dir, prefix + "-labels", "idx1", detail::concat(mnist_split_name(split), " labels"));
@@ -100,6 +102,14 @@ MnistDataset::MnistDataset(const std::string& dir, MnistSplit split, Normalizati
   if (labels.dims[0] != count) {
     throw InvalidArgument(detail::concat(images_path_, " holds ", count, " images but ", labels_path_, " holds ",
                                          labels.dims[0], " labels; the files do not belong together"));
+  }
+  const auto out_of_range = std::find_if(labels.values.begin(), labels.values.end(),
+                                         [&](uint8_t label) { return label >= num_classes; });
+  if (out_of_range != labels.values.end()) {
+    throw InvalidArgument(detail::concat(
+        labels_path_, ": label ", int{*out_of_range}, " at index ", out_of_range - labels.values.begin(),
+        " is outside the ", num_classes, " classes 0-", num_classes - 1,
+        "; the file is damaged (download it again), or pass --num-classes if the data has more classes"));
   }
   const int64_t rows = images.dims[1];
   const int64_t cols = images.dims[2];

@@ -256,6 +256,23 @@ TEST_F(MnistFiles, GzipBombIsRefusedWhileInflating) {
   expect_contains(load_error(), "decompresses to more than 13 bytes");
 }
 
+// One damaged byte in a labels file made a 201-class model that trained without a word. A label must lie
+// below the number of classes (10 unless the caller says more); the error names the file, the value and where.
+TEST_F(MnistFiles, LabelOutsideTheClassesNamesTheFileTheValueAndItsIndex) {
+  write("t10k-images-idx3-ubyte", images_file());
+  labels_[3] = 200;
+  write("t10k-labels-idx1-ubyte", labels_file());
+  const std::string error = load_error();
+  expect_contains(error, (dir_ / "t10k-labels-idx1-ubyte").string() + ": label 200 at index 3 is outside the 10 classes 0-9");
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+
+  MnistDataset more_classes(dir_.string(), MnistSplit::kTest, kFashionMnistNormalization, /*num_classes=*/201);
+  EXPECT_EQ(to_vector(more_classes.labels()), (std::vector<int64_t>{9, 0, 3, 200, 1}));
+  EXPECT_THROW(MnistDataset(dir_.string(), MnistSplit::kTest, kFashionMnistNormalization, /*num_classes=*/200),
+               InvalidArgument)
+      << "label 200 is the 201st class";
+}
+
 TEST(Normalization, GuessesFromFolderAndParsesFlag) {
   EXPECT_DOUBLE_EQ(guess_normalization("/usr/share/datasets/fashion-mnist").mean, 0.2860);
   EXPECT_DOUBLE_EQ(guess_normalization("data/Fashion_MNIST").std, 0.3530);

@@ -17,6 +17,8 @@ namespace tandem::data {
 struct DataFolderOptions {
   std::string dir;
   std::optional<Normalization> normalization;  // MNIST only; unset: guessed from the folder's name
+  // MNIST only: labels must lie below it (an image folder has one class per sub-folder); 0: kMnistClasses.
+  int64_t num_classes = 0;
   // Image folders only. image_size 0: 224 (MNIST files refuse any size but their own); min_crop_scale 0: by
   // image size (crop_defaults.h).
   int64_t image_size = 0;

@@ -3,6 +3,7 @@
 // images [N,1,28,28] float, scaled to [0,1] and normalised with a mean and std, and labels [N] int64.
 // Files: train-images-idx3-ubyte / train-labels-idx1-ubyte and t10k-images-idx3-ubyte / t10k-labels-idx1-ubyte,
 // each plain or with a .gz suffix (the dotted variant train-images.idx3-ubyte is accepted too).
+#include <cstdint>
 #include <string>
 
 #include "tandem/data/tensor_dataset.h"
@@ -25,6 +26,8 @@ struct Normalization {
   double std = 1.0;
 };
 inline constexpr Normalization kFashionMnistNormalization{0.2860, 0.3530};
+// MNIST and Fashion-MNIST label digits or garments 0-9.
+inline constexpr int64_t kMnistClasses = 10;
 inline constexpr Normalization kMnistNormalization{0.1307, 0.3081};
 
 // Guesses from the folder name: a path containing "fashion" (any case) gets Fashion-MNIST's statistics, else one
@@ -35,9 +38,12 @@ Normalization parse_normalization(const std::string& text);
 
 class MnistDataset : public TensorDataset {
  public:
-  // Loads both files of `split` from `dir`. Throws InvalidArgument naming the file for a missing file, bad magic,
-  // truncated or corrupt data, images and labels with different counts, and for std <= 0.
-  MnistDataset(const std::string& dir, MnistSplit split, Normalization normalization);
+  // Loads both files of `split` from `dir`. Every label must lie in [0, num_classes): one damaged byte would
+  // otherwise make a model with hundreds of classes. Throws InvalidArgument naming the file for a missing file,
+  // bad magic, truncated or corrupt data, images and labels with different counts, a label out of range (with
+  // its value and index), and for std <= 0.
+  MnistDataset(const std::string& dir, MnistSplit split, Normalization normalization,
+               int64_t num_classes = kMnistClasses);
 
   const torch::Tensor& images() const { return data(); }   // [N,1,rows,cols] float32, normalised
   const torch::Tensor& labels() const { return targets(); }  // [N] int64
