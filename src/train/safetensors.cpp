@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
@@ -114,6 +115,14 @@ EntryLayout entry_layout(const json& entry, uint64_t data_size, const std::strin
                                          bytes));
   }
   return layout;
+}
+
+// The model's name for a file tensor: its own, or without the "module." that PyTorch's DistributedDataParallel
+// and DataParallel put in front of every name of the state dict they save.
+std::string model_name(const std::string& file_name, const std::map<std::string, torch::Tensor>& targets) {
+  constexpr std::string_view kWrapperPrefix = "module.";
+  if (targets.count(file_name) || file_name.compare(0, kWrapperPrefix.size(), kWrapperPrefix) != 0) return file_name;
+  return file_name.substr(kWrapperPrefix.size());
 }
 
 }  // namespace
@@ -255,28 +264,38 @@ LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const
   std::map<std::string, torch::Tensor> targets;
   for (auto& [name, tensor] : named_state(module)) targets.emplace(name, tensor);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
-  std::set<std::string> provided;
-  for (const auto& [name, tensor] : file.tensors) {
+  // Model tensors the file has a tensor for, loaded or not: a skipped one is listed once, with its reason.
+  std::set<std::string> named_in_file;
+  for (const auto& [file_name, tensor] : file.tensors) {
+    const std::string name = model_name(file_name, targets);
     auto it = targets.find(name);
     if (it == targets.end()) {
-      report.skipped.push_back(name + " (not in the model)");
+      report.skipped.push_back(file_name + " (not in the model)");
+    } else if (!named_in_file.insert(name).second) {
+      report.skipped.push_back(file_name + " (a second tensor for " + name + ")");
     } else if (it->second.sizes() != tensor.sizes()) {
-      report.skipped.push_back(detail::concat(name, " (shape ", tensor.sizes(), " in the file, ", it->second.sizes(),
-                                              " in the model)"));
+      report.skipped.push_back(detail::concat(file_name, " (shape ", tensor.sizes(), " in the file, ",
+                                              it->second.sizes(), " in the model)"));
     } else {
       report.loaded.push_back(name);
-      provided.insert(name);
       copies.emplace_back(it->second, tensor);
     }
   }
   for (const auto& [name, tensor] : targets) {
-    if (!provided.count(name)) report.missing.push_back(name);
+    if (!named_in_file.count(name)) report.missing.push_back(name);
   }
   if (strict && (!report.skipped.empty() || !report.missing.empty())) {
     std::string what;
     for (const auto& s : report.skipped) what += (what.empty() ? "" : ", ") + ("unused " + s);
     for (const auto& m : report.missing) what += (what.empty() ? "" : ", ") + ("missing " + m);
     throw InvalidArgument(path + ": does not match the model exactly (--strict): " + what);
+  }
+  if (report.loaded.empty() && !targets.empty()) {
+    throw InvalidArgument(detail::concat(
+        path, ": none of its ", file.tensors.size(), " tensors fits the model (",
+        file.tensors.empty() ? std::string("the file holds none")
+                             : "the file has '" + file.tensors.front().first + "', the model '" + targets.begin()->first + "'",
+        "); is it a weights file of this model?"));
   }
   torch::NoGradGuard no_grad;
   for (auto& [target, source] : copies) {

@@ -124,7 +124,7 @@ TEST(ResNetDdp, TorchvisionWeightsWithAnotherClassCountSkipFcAndSayWhich) {
 
   ASSERT_EQ(report.skipped.size(), 2u);
   for (const std::string& skipped : report.skipped) EXPECT_EQ(skipped.rfind("fc.", 0), 0u) << skipped;
-  EXPECT_EQ(report.missing, (std::vector<std::string>{"fc.bias", "fc.weight"}));
+  EXPECT_TRUE(report.missing.empty()) << "fc's tensors are in the file: skipped for their shape, not missing";
   EXPECT_EQ(report.loaded.size(), model->named_parameters().size() + model->named_buffers().size() - 2);
   EXPECT_TRUE(torch::equal(model->named_parameters()["layer4.1.conv2.weight"],
                            imagenet->named_parameters()["layer4.1.conv2.weight"]));
