@@ -82,7 +82,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   train::TrainOptions& o = flags->options;
   command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
   command.add_option("--model", o.model, "model to train: " + model_names())->capture_default_str();
-  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST, the class folders of an image folder)")->check(at_least(1));
+  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; the class folders of an image folder)")->check(at_least(1));
   command.add_flag("--sync-bn", o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
   command.add_option("--image-size", o.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(at_least(1));
   command.add_option("--val-split", o.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(between(0, 0.99));
@@ -91,7 +91,8 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least(1));
   command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least(1));
   command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than(0));
-  command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr (cosine schedule per epoch)")->capture_default_str();
+  // A fraction, as the name says: below 0 the rate turns negative (gradient ascent), above 1 it would rise.
+  command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr, 0 to 1 (cosine schedule per epoch; 1: a constant rate)")->capture_default_str()->check(between(0, 1));
   command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
   command.add_flag("--zero", o.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "tandem/comm/rank_agreement.h"
@@ -14,6 +15,7 @@
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
+#include "tandem/util/output_path.h"
 
 namespace tandem::train {
 namespace {
@@ -22,6 +24,7 @@ data::DataFolderOptions data_folder_options(const TrainOptions& o) {
   data::DataFolderOptions folder;
   folder.dir = o.data_dir;
   folder.normalization = o.normalization;
+  folder.num_classes = o.num_classes;
   folder.image_size = o.image_size;
   folder.val_split = o.val_split;
   folder.min_crop_scale = o.min_crop_scale;
@@ -77,6 +80,22 @@ nn::Model build_model(const TrainOptions& o, const data::DataFolder& data, const
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
   }
   return model;
+}
+
+// Every file and folder the run writes into (rank 0 writes them all), checked before the data is loaded: a path
+// that fails at the end would throw the whole training away.
+void check_output_paths(const TrainOptions& o) {
+  if (!o.save_weights.empty()) require_writable_file("--save-weights", o.save_weights);
+  if (!o.timeline_path.empty()) require_writable_file("--timeline", o.timeline_path);
+  // Without --run-dir, rank 0 makes (or with --resume finds) runs/<timestamp> in the working folder.
+  if (o.run_dir.empty()) {
+    require_creatable_folder("the runs folder (--run-dir to choose another)", "runs");
+  } else {
+    require_creatable_folder("--run-dir", o.run_dir);
+    if (o.report && std::filesystem::is_directory(o.run_dir)) {
+      require_writable_file("the report", o.run_dir + "/report.html");
+    }
+  }
 }
 
 LoopOptions loop_options(const TrainOptions& o) {
@@ -174,6 +193,9 @@ TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& commun
                           "DataParallel's replicas are threads of one");
   }
 
+  comm::run_on_all_ranks(group, "to check the output paths", [&] {
+    if (is_main) check_output_paths(options);
+  });
   data::DataFolder data;
   comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options); });
   nn::Model model = build_model(options, data, communicator);

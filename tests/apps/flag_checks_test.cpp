@@ -43,6 +43,10 @@ TEST(FlagChecks, RealNumberOutsideItsRangeIsOneShortLine) {
   expect_refused({"train", "--lr", "0"}, "--lr: must be greater than 0, not 0");
   expect_refused({"train", "--lr", "nan"}, "--lr: must be greater than 0, not nan");
   expect_refused({"bench", "train", "--bucket-cap-mb", "-1"}, "--bucket-cap-mb: must be greater than 0, not -1");
+  // A negative final fraction made the cosine schedule's rate negative: gradient ascent, trained on silently.
+  expect_refused({"train", "--lrf", "-0.5"}, "tandem: error: --lrf: must be between 0 and 1, not -0.5 (see --help)");
+  expect_refused({"train", "--lrf", "1.5"}, "--lrf: must be between 0 and 1, not 1.5");
+  expect_refused({"train", "--lrf", "nan"}, "--lrf: must be between 0 and 1, not nan");
 }
 
 // Text that is no number of the flag's type is left to CLI11's conversion error, not let through.
@@ -59,7 +63,8 @@ TEST(FlagChecks, TheBoundsThemselvesAreAccepted) {
       {"train", "--epochs", "1"},          {"train", "--keep-checkpoints", "0"},
       {"train", "--val-split", "0"},       {"train", "--val-split", "0.99"},
       {"train", "--min-crop-scale", "0.01"}, {"train", "--min-crop-scale", "1"},
-      {"train", "--lr", "1e-9"},           {"bench", "train", "--rounds", "1"},
+      {"train", "--lr", "1e-9"},           {"train", "--lrf", "0"},
+      {"train", "--lrf", "1"},             {"bench", "train", "--rounds", "1"},
       {"bench", "train", "--powersgd-start", "2"},
   };
   for (std::vector<std::string> args : at_the_bounds) {
