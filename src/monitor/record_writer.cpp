@@ -1,10 +1,14 @@
 #include "tandem/monitor/record_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 
 #include "tandem/monitor/crc32c.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 
 namespace tandem::monitor {
@@ -17,9 +21,15 @@ void append_little_endian(std::string& out, uint64_t value, int size) {
 }  // namespace
 
 RecordWriter::RecordWriter(const std::string& path) : path_(path) {
-  // "x": fail rather than overwrite a file that exists.
-  file_ = std::fopen(path.c_str(), "wbx");
-  if (!file_) throw Error("cannot create TensorBoard event file " + path + ": " + std::strerror(errno));
+  // O_EXCL: fail rather than overwrite a file that exists, or write through a link planted in its place.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) refuse_symbolic_link(path);
+  if (fd >= 0) file_ = ::fdopen(fd, "wb");
+  if (!file_) {
+    const int open_errno = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot create TensorBoard event file " + path + ": " + std::strerror(open_errno));
+  }
 }
 
 RecordWriter::~RecordWriter() {

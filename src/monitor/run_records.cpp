@@ -70,7 +70,9 @@ void for_each_json_line(const std::string& path, std::vector<std::string>& notes
   }
 }
 
-std::vector<EpochRecord> read_epochs(const std::string& path, std::vector<std::string>& notes) {
+}  // namespace
+
+std::vector<EpochRecord> read_epoch_records(const std::string& path, std::vector<std::string>& notes) {
   std::map<int, EpochRecord> by_epoch;
   for_each_json_line(path, notes, [&](const json& line) {
     EpochRecord record;
@@ -89,7 +91,7 @@ std::vector<EpochRecord> read_epochs(const std::string& path, std::vector<std::s
   return epochs;
 }
 
-std::vector<StepRecord> read_steps(const std::string& path, std::vector<std::string>& notes) {
+std::vector<StepRecord> read_step_records(const std::string& path, std::vector<std::string>& notes) {
   std::map<int64_t, StepRecord> by_step;
   for_each_json_line(path, notes, [&](const json& line) {
     StepRecord record;
@@ -111,6 +113,8 @@ std::vector<StepRecord> read_steps(const std::string& path, std::vector<std::str
   for (auto& [step, record] : by_step) steps.push_back(std::move(record));
   return steps;
 }
+
+namespace {
 
 TimelineSummary read_timeline(const std::string& path) {
   std::ifstream file(path);
@@ -166,11 +170,11 @@ RunRecords read_run_records(const std::string& run_dir) {
                                       "metrics.jsonl there from the run's start",
                                       metrics, run_dir));
   }
-  records.epochs = read_epochs(metrics, records.notes);
+  records.epochs = read_epoch_records(metrics, records.notes);
 
   const std::string steps = (dir / "steps.jsonl").string();
   if (fs::is_regular_file(steps)) {
-    records.steps = read_steps(steps, records.notes);
+    records.steps = read_step_records(steps, records.notes);
   } else {
     records.notes.push_back("steps.jsonl not found (a run from an older tandem): no per-step points");
   }

@@ -1,5 +1,6 @@
 #include "tandem/monitor/summary_writer.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -46,8 +47,8 @@ std::string new_event_file_path(const std::string& log_dir) {
   if (error) throw Error("cannot create TensorBoard log dir " + log_dir + ": " + error.message());
   const auto unix_seconds = std::chrono::duration_cast<std::chrono::seconds>(
       std::chrono::system_clock::now().time_since_epoch());
-  return log_dir + "/events.out.tfevents." + std::to_string(unix_seconds.count()) + "." + host_name() + "." +
-         std::to_string(::getpid()) + "." + std::to_string(writers_created++);
+  return fmt::format("{}/events.out.tfevents.{}.{}.{:010}.{:06}", log_dir, unix_seconds.count(), host_name(),
+                     ::getpid(), writers_created++);
 }
 
 }  // namespace

@@ -89,6 +89,16 @@ TEST(TrainTensorBoard, RunRestartedAfterAKillShowsEachStepOnce) {
   expect_tensorboard_matches_jsonl(run_dir, 3);
 }
 
+TEST(TrainTensorBoard, AResumeAfterAStepsStopInsideAnEpochShowsThatEpochOnce) {
+  // --steps 7 stops inside epoch 1 (5 steps an epoch) and writes that epoch's line early, at step 7; the
+  // continued run drops the line from metrics.jsonl, and TensorBoard must drop its scalars alike (issue 27, #11).
+  ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 2, {}, {"--steps", "7"}, {}));
+  ASSERT_NO_FATAL_FAILURE(train_two_ranks(run_dir, 2, {}, {}, {}));
+  expect_tensorboard_matches_jsonl(run_dir, 2);
+}
+
 TEST(TrainTensorBoard, ARunDirReusedWithoutACheckpointShowsOnlyTheNewRun) {
   // The first run's checkpoints are gone, so the second, shorter run starts afresh in the same directory: its
   // jsonl files drop the first run's lines, and TensorBoard must drop the first run's events alike (its second

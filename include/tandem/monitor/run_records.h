@@ -50,4 +50,9 @@ struct RunRecords {
 // when any of the files holds a line (other than a torn last line) that is not the JSON the run writes.
 RunRecords read_run_records(const std::string& run_dir);
 
+// One file's records, read as read_run_records reads them; what it leaves out goes to `notes`. A file that does
+// not exist holds none.
+std::vector<EpochRecord> read_epoch_records(const std::string& metrics_jsonl, std::vector<std::string>& notes);
+std::vector<StepRecord> read_step_records(const std::string& steps_jsonl, std::vector<std::string>& notes);
+
 }  // namespace tandem::monitor

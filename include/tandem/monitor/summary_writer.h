@@ -5,8 +5,9 @@
 // value it added. Not thread-safe: one thread owns a writer.
 //
 // A resumed run trains some steps again. It opens a new writer in the same directory and calls
-// add_session_start(first step it trains) before any scalar: TensorBoard's reader then drops the earlier
-// files' events at that step and after, so each step shows the values of the run that finished it.
+// add_session_start(S) before any scalar: TensorBoard's reader then drops the earlier files' events at step S
+// and after, so each step shows the values of the run that finished it. The reader takes a directory's files
+// in the order of their names, which is the order of their creation (see the constructor).
 #include <cstdint>
 #include <string>
 
@@ -17,8 +18,9 @@ namespace tandem::monitor {
 class SummaryWriter {
  public:
   // Creates log_dir if missing, and in it events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n> (n makes
-  // the name unique in this process); writes the file_version event "brain.Event:2". Throws Error naming the
-  // directory or the file if either cannot be created or written.
+  // the name unique in this process; pid and n zero-padded, so that names sort in creation order also within
+  // one second); writes the file_version event "brain.Event:2". Throws Error naming the directory or the
+  // file if either cannot be created, is a symbolic link, or cannot be written.
   explicit SummaryWriter(const std::string& log_dir);
 
   // A scalar `tag` at x = `step`, stored as float32 as TensorBoard does; wall time now unless given (seconds
