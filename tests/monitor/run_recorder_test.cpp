@@ -1,0 +1,111 @@
+// RunRecorder's TensorBoard scalars agree with its metrics.jsonl and steps.jsonl across a resume, as TensorBoard
+// itself reads them (issue 27, #11): a --steps stop inside an epoch writes that epoch's line early, which the
+// continued run drops from metrics.jsonl and must drop from TensorBoard too; a resume at an epoch's end keeps
+// that epoch and its last step in both.
+#include "tandem/train/run_recorder.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "support/scratch_dir.h"
+#include "support/tensorboard_scalars.h"
+
+namespace tandem::train {
+namespace {
+
+using testing::expect_scalars;
+using testing::ScalarPoint;
+
+constexpr int64_t kStepsPerEpoch = 5;
+
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key) {
+  std::vector<ScalarPoint> points;
+  for (const nlohmann::json& line : lines) {
+    points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
+  }
+  return points;
+}
+
+void expect_tensorboard_matches_jsonl(const std::string& run_dir) {
+  const std::vector<nlohmann::json> metrics = read_json_lines(run_dir + "/metrics.jsonl");
+  const std::vector<nlohmann::json> steps = read_json_lines(run_dir + "/steps.jsonl");
+  const testing::TensorBoardScalars scalars = testing::read_tensorboard_scalars(run_dir);
+  EXPECT_EQ(scalars.size(), 7u);
+  expect_scalars(scalars, "loss", points_of(metrics, "loss"));
+  expect_scalars(scalars, "accuracy", points_of(metrics, "accuracy"));
+  expect_scalars(scalars, "learning_rate", points_of(metrics, "lr"));
+  expect_scalars(scalars, "samples_per_second", points_of(metrics, "samples_per_second"));
+  expect_scalars(scalars, "epoch", points_of(metrics, "epoch"));
+  expect_scalars(scalars, "step/loss", points_of(steps, "loss"));
+  expect_scalars(scalars, "step/learning_rate", points_of(steps, "lr"));
+}
+
+// Records steps first..last of a run whose attempt is `attempt` (its values differ from every other
+// attempt's), and the epoch lines of the epochs those steps end; with `stop_early`, also the line of the
+// unfinished epoch at `last`, as a --steps stop writes it.
+void record(RunRecorder& recorder, int attempt, int64_t first, int64_t last, bool stop_early) {
+  for (int64_t step = first; step <= last; ++step) {
+    const int epoch = static_cast<int>((step - 1) / kStepsPerEpoch);
+    StepMetrics m;
+    m.step = step;
+    m.epoch = epoch;
+    m.batch = (step - 1) % kStepsPerEpoch;
+    m.loss = attempt * 100 + step;
+    m.lr = 0.1 * attempt;
+    recorder.record_step(m);
+    if (step % kStepsPerEpoch == 0 || (stop_early && step == last)) {
+      EpochMetrics e;
+      e.epoch = epoch;
+      e.loss = attempt * 1000 + step;
+      e.accuracy = 0.01 * (attempt + step);
+      e.correct = 1;
+      e.total = 10;
+      e.lr = 0.1 * attempt;
+      e.samples_per_second = attempt * 10 + step;
+      e.step = step;
+      recorder.record_epoch(e);
+    }
+  }
+}
+
+TEST(RunRecorderTensorBoard, AResumeAfterAStepsStopInsideAnEpochForgetsThatEpochsEarlyLine) {
+  testing::ScratchDir dir;
+  const RunRecorderOptions options{/*tensorboard=*/true, /*has_eval_set=*/true};
+  {
+    RunRecorder stopped(dir.path(), 0, 0, options);
+    record(stopped, 1, 1, 7, /*stop_early=*/true);  // --steps 7: epoch 1's line at step 7
+  }
+  {
+    RunRecorder resumed(dir.path(), 1, 7, options);  // the checkpoint at epoch 1, batch 2, step 7
+    record(resumed, 2, 8, 10, false);
+  }
+  ASSERT_EQ(read_json_lines(dir / "metrics.jsonl").size(), 2u);
+  expect_tensorboard_matches_jsonl(dir.path());
+}
+
+TEST(RunRecorderTensorBoard, AResumeAtAnEpochsEndKeepsThatEpochAndItsLastStep) {
+  testing::ScratchDir dir;
+  const RunRecorderOptions options{true, true};
+  {
+    RunRecorder killed(dir.path(), 0, 0, options);
+    record(killed, 1, 1, 8, false);  // killed after step 8, its checkpoint after epoch 0 (step 5)
+  }
+  {
+    RunRecorder resumed(dir.path(), 1, 5, options);
+    record(resumed, 2, 6, 10, false);
+  }
+  ASSERT_EQ(read_json_lines(dir / "steps.jsonl").size(), 10u);
+  expect_tensorboard_matches_jsonl(dir.path());
+}
+
+}  // namespace
+}  // namespace tandem::train
