@@ -2,29 +2,36 @@
 
 #include <c10/util/Type.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/sgd.h>
 #include <torch/version.h>
 
 #include <cstdio>
+#include <string_view>
 #include <typeinfo>
 
+#include "tandem/monitor/crc32c.h"
 #include "tandem/optim/optimizer_archive.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
+#include "tandem/util/log.h"
 
 namespace tandem::train {
 namespace {
 
 constexpr const char* kFirstFormat = "tandem-checkpoint-1";
+constexpr const char* kSecondFormat = "tandem-checkpoint-2";  // the last one without checksums
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kExtraPrefix = "extra.";
 constexpr const char* kOptimizerArchive = "optimizer.archive";
 constexpr const char* kFirstFormatMomentumPrefix = "optimizer.momentum.";
 constexpr const char* kCpuRng = "rng.cpu";
 constexpr const char* kDeviceRng = "rng.device";
+constexpr const char* kChecksumPrefix = "crc32c.";
+constexpr const char* kHeaderChecksum = "crc32c.__header__";
 
 std::string format_double(double value) {
   char text[64];
@@ -47,6 +54,54 @@ uint64_t fingerprint_of(const torch::Tensor& bytes) {
   return Fingerprint().add(bytes.data_ptr(), static_cast<size_t>(bytes.numel())).value();
 }
 
+std::string not_a_checkpoint(const std::string& path) {
+  return path + ": not a tandem checkpoint (expected metadata format=" + kCheckpointFormat + ")";
+}
+
+std::string checksum_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+uint32_t checksum_of_bytes(const torch::Tensor& cpu_contiguous) {
+  return monitor::crc32c(std::string_view(static_cast<const char*>(cpu_contiguous.data_ptr()), cpu_contiguous.nbytes()));
+}
+
+// Covers what the entries' own checksums do not: every entry's name, dtype and shape, and every metadata value
+// (epoch, step, the schedule...), which a damaged byte could change into another valid number.
+uint32_t checksum_of_header(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> layouts;
+  for (const auto& [name, tensor] : tensors) {
+    layouts[name] = fmt::format("{} [{}]", c10::toString(tensor.scalar_type()), fmt::join(tensor.sizes(), ","));
+  }
+  std::string text;
+  for (const auto& [name, layout] : layouts) text += name + '\0' + layout + '\n';
+  text += '\n';
+  for (const auto& [key, value] : metadata) {
+    if (key != kHeaderChecksum) text += key + '\0' + value + '\n';
+  }
+  return monitor::crc32c(text);
+}
+
+// What is wrong with `file`, read from `path`, as a checkpoint: not one at all, or the header or the first entry
+// whose bytes do not match their checksum; "" when it is whole. Formats before checksums are whole if they
+// read.
+std::string damage_of(const TensorFile& file, const std::string& path) {
+  const std::string format = optional_meta(file, "format", "");
+  if (format == kSecondFormat || format == kFirstFormat) return "";
+  if (format != kCheckpointFormat) return not_a_checkpoint(path);
+  const auto mismatch = [&](const std::string& what) {
+    return fmt::format("{}: {} does not match its checksum (the file is damaged)", path, what);
+  };
+  if (optional_meta(file, kHeaderChecksum, "") != checksum_text(checksum_of_header(file.tensors, file.metadata))) {
+    return mismatch("its metadata (or an entry's name, dtype or shape)");
+  }
+  for (const auto& [name, tensor] : file.tensors) {
+    if (optional_meta(file, kChecksumPrefix + name, "") != checksum_text(checksum_of_bytes(tensor))) {
+      return mismatch("entry '" + name + "'");
+    }
+  }
+  return "";
+}
+
 std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& optimizer, const torch::Tensor& archive,
                                                const CheckpointState& state, const ExtraState& extra) {
   std::map<std::string, std::string> meta{
@@ -67,6 +122,8 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
       {"batch_size", std::to_string(state.batch_size)},
       {"shuffle", state.shuffle ? "1" : "0"},
       {"drop_last", state.drop_last ? "1" : "0"},
+      {"train_samples", std::to_string(state.train_samples)},
+      {"train_fingerprint", std::to_string(state.train_fingerprint)},
   };
   meta["precision"] = state.precision;
   if (state.grad_scaler) {
@@ -80,6 +137,7 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
     meta["epoch_loss_sum"] = format_double(state.epoch_loss_sum);
     meta["epoch_steps"] = std::to_string(state.epoch_steps);
     meta["epoch_train_seconds"] = format_double(state.epoch_train_seconds);
+    meta["epoch_samples"] = std::to_string(state.epoch_samples);
   }
   for (const auto& [key, value] : extra.values) {
     if (key.empty()) throw InvalidArgument("ExtraState: a value has an empty name");
@@ -105,12 +163,15 @@ CheckpointState read_state(const TensorFile& file, const std::string& path) {
     state.batch_size = std::stoll(optional_meta(file, "batch_size", "0"));
     state.shuffle = optional_meta(file, "shuffle", "1") == "1";
     state.drop_last = optional_meta(file, "drop_last", "1") == "1";
+    state.train_samples = std::stoll(optional_meta(file, "train_samples", "0"));
+    state.train_fingerprint = std::stoull(optional_meta(file, "train_fingerprint", "0"));
     // Mid-epoch checkpoints of older tandems lack the epoch's progress; its metrics line then covers only the
     // batches trained after the resume.
     if (file.metadata.count("epoch_steps")) {
       state.epoch_loss_sum = std::stod(get_meta(file, "epoch_loss_sum", path));
       state.epoch_steps = std::stoll(get_meta(file, "epoch_steps", path));
       state.epoch_train_seconds = std::stod(get_meta(file, "epoch_train_seconds", path));
+      state.epoch_samples = std::stoll(optional_meta(file, "epoch_samples", "0"));
     }
     state.precision = optional_meta(file, "precision", "32");
     if (file.metadata.count("grad_scaler.scale")) {
@@ -233,25 +294,48 @@ std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
                      const CheckpointState& state, const ExtraState& extra) {
+  // On the CPU and contiguous as the file holds them, so that the checksums are of the bytes written.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (auto& [name, tensor] : named_state(module)) tensors.emplace_back(kModelPrefix + name, tensor);
+  const auto add = [&](const std::string& name, const torch::Tensor& tensor) {
+    tensors.emplace_back(name, tensor.detach().to(torch::kCPU).contiguous());
+  };
+  for (auto& [name, tensor] : named_state(module)) add(kModelPrefix + name, tensor);
   torch::Tensor archive = optim::save_optimizer_archive(optimizer);
-  tensors.emplace_back(kOptimizerArchive, archive);
-  if (state.rng.cpu.defined()) tensors.emplace_back(kCpuRng, state.rng.cpu);
-  if (state.rng.device.defined()) tensors.emplace_back(kDeviceRng, state.rng.device);
+  add(kOptimizerArchive, archive);
+  if (state.rng.cpu.defined()) add(kCpuRng, state.rng.cpu);
+  if (state.rng.device.defined()) add(kDeviceRng, state.rng.device);
   for (const auto& [name, tensor] : extra.tensors) {
     if (name.empty()) throw InvalidArgument("ExtraState: a tensor has an empty name");
-    tensors.emplace_back(kExtraPrefix + name, tensor.detach());
+    add(kExtraPrefix + name, tensor);
   }
-  save_safetensors(path, tensors, metadata_of(optimizer, archive, state, extra));
+  std::map<std::string, std::string> metadata = metadata_of(optimizer, archive, state, extra);
+  for (const auto& [name, tensor] : tensors) metadata[kChecksumPrefix + name] = checksum_text(checksum_of_bytes(tensor));
+  metadata[kHeaderChecksum] = checksum_text(checksum_of_header(tensors, metadata));
+  save_safetensors(path, tensors, metadata);
+}
+
+std::string checkpoint_damage(const std::string& path) {
+  try {
+    return damage_of(load_safetensors(path), path);
+  } catch (const InvalidArgument& unreadable) {  // truncated, or not safetensors at all
+    return unreadable.what();
+  }
 }
 
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra) {
   TensorFile file = load_safetensors(path);
   const std::string format = optional_meta(file, "format", "");
-  if (format != kCheckpointFormat && format != kFirstFormat) {
-    throw InvalidArgument(path + ": not a tandem checkpoint (expected metadata format=" + kCheckpointFormat + ")");
+  if (format != kCheckpointFormat && format != kSecondFormat && format != kFirstFormat) {
+    throw InvalidArgument(not_a_checkpoint(path));
+  }
+  const std::string damage = damage_of(file, path);
+  if (!damage.empty()) {
+    throw InvalidArgument(damage + "; continue from an older checkpoint, or start a new run in another --run-dir");
+  }
+  if (format != kCheckpointFormat) {
+    log::main_info("{} is a {} checkpoint, written before checkpoints carried checksums: it is loaded unverified",
+                   path, format);
   }
   CheckpointState state = read_state(file, path);
 

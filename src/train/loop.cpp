@@ -316,7 +316,7 @@ void Run::resume_from(const std::string& checkpoint) {
     // batches_done counts batches of the training set the checkpoint was written with: another one would skip or
     // repeat samples. Checkpoints of tandems that did not record it say 0 samples; a fingerprint of 0 cannot tell.
     const uint64_t fingerprint = train_set_->fingerprint();
-    if (false && resumed_.train_samples != 0 &&  // REVERT-EXPERIMENT
+    if (resumed_.train_samples != 0 &&
         (resumed_.train_samples != train_set_->size() ||
          (resumed_.train_fingerprint != 0 && fingerprint != 0 && resumed_.train_fingerprint != fingerprint))) {
       throw InvalidArgument(fmt::format(

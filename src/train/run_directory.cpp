@@ -1,5 +1,7 @@
 #include "tandem/train/run_directory.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -8,7 +10,9 @@
 #include <system_error>
 #include <tuple>
 
+#include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
+#include "tandem/util/log.h"
 
 namespace tandem::train {
 namespace {
@@ -95,6 +99,29 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   std::vector<std::string> checkpoints = list_checkpoints(run_dir);
   if (checkpoints.empty()) return std::nullopt;
   return checkpoints.back();
+}
+
+std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_dir) {
+  const std::vector<std::string> checkpoints = list_checkpoints(run_dir);
+  std::vector<std::pair<std::string, std::string>> damaged;  // path, what is wrong with it; newest first
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+    std::string damage = checkpoint_damage(*it);
+    if (!damage.empty()) {
+      damaged.emplace_back(*it, std::move(damage));
+      continue;
+    }
+    for (const auto& [path, what] : damaged) {
+      std::error_code error;
+      fs::rename(path, path + ".damaged", error);
+      if (error) throw Error("cannot move the damaged checkpoint " + path + " aside: " + error.message());
+      log::main_info("skipping a damaged checkpoint: {}; moved it to {}.damaged, continuing from {}", what, path, *it);
+    }
+    return *it;
+  }
+  if (damaged.empty()) return std::nullopt;
+  throw InvalidArgument(fmt::format("every checkpoint in {} is damaged (the newest: {}); start a new run in another "
+                                    "--run-dir",
+                                    run_dir, damaged.front().second));
 }
 
 void remove_unfinished_checkpoints(const std::string& run_dir) {

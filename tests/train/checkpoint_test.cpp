@@ -1,6 +1,6 @@
 // Checkpoints restore model and optimizer exactly (the next step after loading equals the next step of the
-// original), for any optimizer, refuse another kind of optimizer and a damaged optimizer state, and the cosine
-// schedule matches the seeds' lambda.
+// original), for any optimizer, refuse another kind of optimizer, a damaged entry or metadata value (by their
+// checksums) and a link planted in their place, and the cosine schedule matches the seeds' lambda.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "support/tiny_datasets.h"
 #include "tandem/nn/cnn_net.h"
@@ -18,6 +19,7 @@
 #include "tandem/train/run_directory.h"
 #include "tandem/train/lr_schedule.h"
 #include "tandem/train/metrics.h"
+#include "tandem/train/rng_state.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
@@ -130,6 +132,18 @@ std::string checkpoint_after_one_step(const std::string& name, nn::CnnNet& net, 
   return path;
 }
 
+// Rewrites the checkpoint at `path` as one of the format before checksums (tandem-checkpoint-2), after `change`:
+// how the checks behind the checksums are reached.
+void rewrite_without_checksums(const std::string& path, const std::function<void(TensorFile&)>& change = {}) {
+  TensorFile file = load_safetensors(path);
+  for (auto it = file.metadata.begin(); it != file.metadata.end();) {
+    it = it->first.rfind("crc32c.", 0) == 0 ? file.metadata.erase(it) : std::next(it);
+  }
+  file.metadata["format"] = "tandem-checkpoint-2";
+  if (change) change(file);
+  save_safetensors(path, file.tensors, file.metadata);
+}
+
 TEST(Checkpoint, ResumingWithAnotherKindOfOptimizerIsOneLineNamingBoth) {
   nn::CnnNet net;
   auto sgd = make_sgd(net);
@@ -146,12 +160,19 @@ TEST(Checkpoint, ADamagedOptimizerStateIsRefusedBeforeLibTorchParsesIt) {
   nn::CnnNet net;
   auto sgd = make_sgd(net);
   const std::string path = checkpoint_after_one_step("damaged_optimizer", net, *sgd);
+  const auto damage_archive = [](TensorFile& file) {
+    for (auto& [name, tensor] : file.tensors) {
+      if (name == "optimizer.archive") tensor.data_ptr<uint8_t>()[tensor.numel() / 2] ^= 0x5a;
+    }
+  };
   TensorFile file = load_safetensors(path);
-  for (auto& [name, tensor] : file.tensors) {
-    if (name == "optimizer.archive") tensor.data_ptr<uint8_t>()[tensor.numel() / 2] ^= 0x5a;
-  }
+  damage_archive(file);
   save_safetensors(path, file.tensors, file.metadata);
-  const std::string error = load_error(path, net, *sgd);
+  std::string error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find("entry 'optimizer.archive' does not match its checksum"), std::string::npos) << error;
+  // A checkpoint without checksums has the archive's own fingerprint.
+  rewrite_without_checksums(path);
+  error = load_error(path, net, *sgd);
   EXPECT_NE(error.find("optimizer state is missing or damaged"), std::string::npos) << error;
 }
 
@@ -160,9 +181,7 @@ TEST(Checkpoint, ACheckpointOfAnotherLibTorchMajorVersionIsOneLine) {
   nn::CnnNet net;
   auto sgd = make_sgd(net);
   const std::string path = checkpoint_after_one_step("other_libtorch", net, *sgd);
-  TensorFile file = load_safetensors(path);
-  file.metadata["libtorch_major"] = "0";
-  save_safetensors(path, file.tensors, file.metadata);
+  rewrite_without_checksums(path, [](TensorFile& file) { file.metadata["libtorch_major"] = "0"; });
   const std::string error = load_error(path, net, *sgd);
   EXPECT_NE(error.find("LibTorch 0.x"), std::string::npos) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
@@ -245,6 +264,163 @@ TEST(Checkpoint, RefusesAFileThatIsNotACheckpoint) {
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
   }
+}
+
+// Where the bytes of `tensor` lie in the safetensors file at `path`, counted from the file's start.
+uint64_t data_offset_of(const std::string& path, const std::string& tensor) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char size_bytes[8];
+  in.read(reinterpret_cast<char*>(size_bytes), 8);
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
+  std::string header(header_size, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_size));
+  return 8 + header_size + nlohmann::json::parse(header).at(tensor).at("data_offsets").at(0).get<uint64_t>();
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(offset));
+  char byte = 0;
+  file.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.write(&byte, 1);
+  ASSERT_TRUE(file.good()) << path;
+}
+
+// A checkpoint with every kind of entry the loop saves: weights, optimizer archive, RNG rows, extra state.
+std::string complete_checkpoint(const std::string& name, nn::CnnNet& net, torch::optim::Optimizer& optimizer) {
+  train_step(net, optimizer, 1);
+  CheckpointState state = sample_state();
+  state.rng = gather_rng_states(nullptr, torch::kCPU);
+  ExtraState extra;
+  extra.tensors["ema"] = torch::arange(6, torch::kFloat32);
+  const std::string path = checkpoint_path(make_temp_dir(name), 1, 0);
+  save_checkpoint(path, *net, optimizer, state, extra);
+  return path;
+}
+
+void expect_one_line_naming(const std::string& error, const std::string& path, const std::string& what) {
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find(what), std::string::npos) << error;
+  EXPECT_NE(error.find("damaged"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+TEST(CheckpointChecksum, AFlippedByteInAnyTensorIsOneLineNamingTheFileAndTheTensor) {
+  for (const std::string tensor : {"model.conv1.weight", "model.output.bias", "rng.cpu", "extra.ema"}) {
+    SCOPED_TRACE(tensor);
+    torch::manual_seed(1);
+    nn::CnnNet net;
+    auto sgd = make_sgd(net);
+    const std::string path = complete_checkpoint("flipped_" + tensor, net, *sgd);
+    flip_byte(path, data_offset_of(path, tensor) + 3);
+    expect_one_line_naming(load_error(path, net, *sgd), path, "'" + tensor + "'");
+  }
+}
+
+TEST(CheckpointChecksum, AChangedMetadataValueIsOneLineNamingTheFile) {
+  torch::manual_seed(1);
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = complete_checkpoint("changed_metadata", net, *sgd);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string step = "\"step\":\"2\"";
+  const size_t at = bytes.find(step);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + step.size() - 2] = '7';  // the same length, a valid number: only a checksum notices
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  expect_one_line_naming(load_error(path, net, *sgd), path, "metadata");
+}
+
+TEST(CheckpointChecksum, AnIntactCheckpointLoadsAndATruncatedOneIsOneLine) {
+  torch::manual_seed(1);
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = complete_checkpoint("truncated", net, *sgd);
+  EXPECT_EQ(load_error(path, net, *sgd), "");
+  EXPECT_EQ(checkpoint_damage(path), "");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
+  const std::string error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_NE(checkpoint_damage(path).find(path), std::string::npos) << checkpoint_damage(path);
+}
+
+// Checkpoints of tandem-checkpoint-2 carry no checksums; they still continue a run (a note says they cannot be
+// verified), as a run started by an older tandem must not be lost to an upgrade.
+TEST(CheckpointChecksum, ACheckpointOfTheFormatBeforeChecksumsStillLoads) {
+  torch::manual_seed(1);
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = complete_checkpoint("before_checksums", net, *sgd);
+  rewrite_without_checksums(path);
+  torch::manual_seed(2);
+  nn::CnnNet restored;
+  auto restored_sgd = make_sgd(restored);
+  EXPECT_EQ(load_error(path, restored, *restored_sgd), "");
+  EXPECT_TRUE(torch::equal(restored->named_parameters()["conv1.weight"], net->named_parameters()["conv1.weight"]));
+}
+
+// The data a checkpoint's batches_done counts in: a continued run compares it with its own (issue 27, #10).
+TEST(Checkpoint, RecordsTheTrainingSetItCameFrom) {
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  CheckpointState state = sample_state();
+  state.train_samples = 60000;
+  state.train_fingerprint = 0xfedcba9876543210ull;
+  const std::string path = checkpoint_path(make_temp_dir("train_set"), 1, 0);
+  save_checkpoint(path, *net, *sgd, state);
+  const CheckpointState loaded = load_checkpoint(path, *net, *sgd);
+  EXPECT_EQ(loaded.train_samples, 60000);
+  EXPECT_EQ(loaded.train_fingerprint, 0xfedcba9876543210ull);
+}
+
+// A run dir in a shared writable folder: a link planted where the next checkpoint goes must not redirect the
+// write (issue 27, #15).
+TEST(Checkpoint, ALinkPlantedAsTheNextCheckpointIsRefusedAndItsTargetUntouched) {
+  const std::string dir = make_temp_dir("planted_link");
+  const std::string outside = make_temp_dir("planted_link_target") + "/precious.txt";
+  std::ofstream(outside) << "precious";
+  const std::string path = checkpoint_path(dir, 1, 0);
+  std::filesystem::create_symlink(outside, path);
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  try {
+    save_checkpoint(path, *net, *sgd, sample_state());
+    FAIL() << "expected Error";
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("symbolic link"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  std::ifstream in(outside);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+  EXPECT_TRUE(std::filesystem::is_symlink(path)) << "left as it was";
+}
+
+// The temp file a write goes through is created, never opened: a link planted under its name is not followed.
+TEST(Checkpoint, ALinkPlantedAsTheTempFileIsNotFollowed) {
+  const std::string dir = make_temp_dir("planted_temp_link");
+  const std::string outside = make_temp_dir("planted_temp_link_target") + "/precious.txt";
+  std::ofstream(outside) << "precious";
+  const std::string path = checkpoint_path(dir, 1, 0);
+  std::filesystem::create_symlink(outside, path + ".tmp." + std::to_string(::getpid()));
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  try {
+    save_checkpoint(path, *net, *sgd, sample_state());
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("symbolic link"), std::string::npos) << error.what();
+  }
+  std::ifstream in(outside);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
 }
 
 TEST(CosineSchedule, MatchesTheSeedsLambda) {

@@ -8,8 +8,10 @@
 //   extra.<name>        the user's own tensors (ExtraState)
 //   __metadata__        format, optimizer (its C++ type), the archive's fingerprint, the LibTorch major version,
 //                       epoch, step, batches_done, the schedule, the data order (sampler_seed, world_size,
-//                       batch_size, shuffle, drop_last), the unfinished epoch's loss and time, the precision
-//                       and the loss scaler's state (grad_scaler.*, 16-mixed), extra.<key>
+//                       batch_size, shuffle, drop_last), the training set (train_samples, train_fingerprint),
+//                       the unfinished epoch's loss and time, the precision and the loss scaler's state
+//                       (grad_scaler.*, 16-mixed), extra.<key>, and the checksums: crc32c.<entry> of each
+//                       entry's bytes, crc32c.__header__ of everything else in the header
 // Written by rank 0 only, atomically (temp file, fsync, rename); where they live: train/run_directory.h.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -23,7 +25,7 @@
 
 namespace tandem::train {
 
-inline constexpr const char* kCheckpointFormat = "tandem-checkpoint-2";
+inline constexpr const char* kCheckpointFormat = "tandem-checkpoint-3";
 
 struct CheckpointState {
   // The epoch being trained (0-based) and how many of its batches are done; a checkpoint at the end of epoch e
@@ -43,10 +45,15 @@ struct CheckpointState {
   int64_t batch_size = 0;  // per rank
   bool shuffle = true;
   bool drop_last = true;
+  // The training set those batches are cut from: its size and Dataset::fingerprint() (0: it cannot tell). Both
+  // 0 in checkpoints of tandems that did not record it.
+  int64_t train_samples = 0;
+  uint64_t train_fingerprint = 0;
   // The unfinished epoch's training so far, for its metrics line (zero at an epoch boundary).
   double epoch_loss_sum = 0;
   int64_t epoch_steps = 0;
   double epoch_train_seconds = 0;
+  int64_t epoch_samples = 0;  // trained on, over every rank (partial batches count what they hold)
   // Every rank's random generators (undefined tensors when not saved).
   RngStates rng;
   // The precision trained in (amp/precision.h's spelling) and, where it scales the loss, the scaler's state.
@@ -68,13 +75,20 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
                      const CheckpointState& state, const ExtraState& extra = {});
 
 // Restores model weights (strict: every tensor must match) and the optimizer's state in place, its tensors on
-// the model's device, fills `extra` when given, and returns the state. Throws InvalidArgument naming the file if it is not
-// a tandem checkpoint, does not fit the model, was written with another kind of optimizer or by a build with
+// the model's device, fills `extra` when given, and returns the state. Every entry and the header are checked
+// against their checksums first, before anything is restored. Throws InvalidArgument naming the file if it is
+// damaged (naming the entry whose checksum fails), truncated, not a tandem checkpoint, does not fit the model, was written with another kind of optimizer or by a build with
 // another LibTorch major version (the optimizer's archive does not carry across). The optimizer keeps its own
 // options (lr aside, which the caller's schedule sets); only its state comes from the file. A checkpoint of
-// the first format (tandem-checkpoint-1, SGD momentum only) still restores into an SGD optimizer.
+// the first format (tandem-checkpoint-1, SGD momentum only) still restores into an SGD optimizer. Checkpoints of
+// the formats before checksums (tandem-checkpoint-1 and -2) load unverified, with a note in the log.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra = nullptr);
+
+// What load_checkpoint checks before restoring anything: that the file at `path` reads whole, is a tandem
+// checkpoint and matches its checksums. Returns what is wrong, in one line starting with the path (and naming
+// the entry whose checksum fails), or "" when nothing is.
+std::string checkpoint_damage(const std::string& path);
 
 // The C++ type of an optimizer as a checkpoint records it, e.g. "torch::optim::AdamW"; for an
 // optim::ZeroRedundancyOptimizer, its local optimizer's type, whose format its consolidated state has.

@@ -21,6 +21,14 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir);
 // The newest of list_checkpoints(run_dir), or nullopt if there is none.
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
 
+// The newest checkpoint in run_dir in which checkpoint_damage (train/checkpoint.h) finds nothing wrong, or nullopt if run_dir
+// holds none. Each newer one that is damaged (truncated, a checksum that fails) is reported in one log line and
+// renamed to NAME.damaged: kept for a look, but no longer a checkpoint, which pruning would otherwise count
+// among the newest and keep in place of the ones the continued run writes. When every checkpoint is damaged,
+// throws InvalidArgument naming run_dir and the newest one's damage, and renames none. Call only while no other
+// process writes checkpoints into run_dir.
+std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_dir);
+
 // Deletes the temp files of checkpoint writes that never finished (their process was killed); call only while
 // no other process writes checkpoints into run_dir.
 void remove_unfinished_checkpoints(const std::string& run_dir);
