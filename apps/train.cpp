@@ -10,6 +10,7 @@
 #include "apps/flag_checks.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/data/mnist_dataset.h"
+#include "tandem/ddp/named_comm_hook.h"
 #include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/train/trainer.h"
@@ -99,6 +100,10 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
   command.add_flag("--uneven", o.uneven, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
+  command.add_option("--accumulate-batches", o.accumulate_batches, "batches per optimizer step: all but the last under no_sync (gradients add up locally), each loss divided by their count, so a step trains on their mean as on one batch that many times larger")->capture_default_str()->check(at_least(1));
+  command.add_option("--comm-hook", o.comm_hook, "how DDP reduces gradients between processes: average, fp16 or bf16 (compressed to 16 bits on the wire), powersgd (low-rank compression with error feedback)")->capture_default_str()->check(CLI::IsMember(ddp::comm_hook_names()));
+  command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least(1));
+  command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least(2));
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
   command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)")->check(at_least(0));
@@ -106,7 +111,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--strict", o.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
-  command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>); a run dir that holds a checkpoint is continued from its newest one");
+  command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least(0));
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least(0));

@@ -71,8 +71,11 @@ nn::Model build_model(const TrainOptions& o, const data::DataFolder& data, const
   // DDP must see the model it will run.
   if (o.sync_bn) {
     nn::convert_sync_batchnorm(model.module.ptr(), communicator);
-    if (nn::count_sync_batchnorm(module) == 0 && is_main) {
-      log::warn("--sync-bn: model '{}' has no BatchNorm layers; training it unchanged", o.model);
+    // Every rank holds the same model, so every rank refuses alike.
+    if (nn::count_sync_batchnorm(module) == 0) {
+      throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
+                                        "or train a model with BatchNorm (cnn-bn, resnet18, resnet34)",
+                                        o.model));
     }
   }
   if (o.freeze_layers) {
@@ -115,6 +118,9 @@ LoopOptions loop_options(const TrainOptions& o) {
   loop.keep_checkpoints = o.keep_checkpoints;
   loop.check_replicas_every = o.check_replicas_every;
   loop.uneven_inputs = o.uneven;
+  loop.accumulate_batches = o.accumulate_batches;
+  loop.comm_hook = o.comm_hook;
+  loop.powersgd = o.powersgd;
   loop.progress = o.progress;
   loop.precision = o.precision;
   loop.strategy = o.strategy;
@@ -140,6 +146,16 @@ std::string describe(const TrainOptions& o, int world_size) {
   line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
+  if (o.accumulate_batches > 1) {
+    line("accumulate", fmt::format("{} batches per step ({} samples in all)", o.accumulate_batches,
+                                   o.accumulate_batches * o.batch_size * world_size));
+  }
+  if (o.comm_hook == "powersgd") {
+    line("comm hook", fmt::format("powersgd (rank {}, from step {})", o.powersgd.matrix_approximation_rank,
+                                  o.powersgd.start_powersgd_iter + 1));
+  } else {
+    line("comm hook", o.comm_hook);
+  }
   line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", o.lr, world_size, o.lr * world_size, o.lrf));
   line("momentum", fmt::format("{}", o.momentum));
   line("weight decay", fmt::format("{}", o.weight_decay));

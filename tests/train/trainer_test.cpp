@@ -499,8 +499,15 @@ TEST(TrainProcesses, UnevenWithStepsIsOneLine) {
   expect_one_line_failure("uneven_steps", {"--uneven", "--steps", "3"}, "--uneven cannot be combined with --steps");
 }
 
-TEST(TrainProcesses, UnevenWithZeroIsOneLine) {
-  expect_one_line_failure("uneven_zero", {"--uneven", "--zero"}, "--uneven cannot be combined with --zero");
+// --uneven with --zero trains (every rank steps its shard, shadowing or not: tests/matrix); with PowerSGD it is
+// refused, since a shadowing rank would still send its error feedback.
+TEST(TrainProcesses, UnevenWithPowerSgdIsOneLine) {
+  expect_one_line_failure("uneven_powersgd", {"--uneven", "--comm-hook", "powersgd"},
+                          "--uneven cannot be combined with --comm-hook powersgd");
+}
+
+TEST(TrainProcesses, SyncBatchNormOnAModelWithoutBatchNormIsOneLine) {
+  expect_one_line_failure("sync_bn_cnn", {"--sync-bn"}, "--sync-bn: model 'cnn' has no BatchNorm layers");
 }
 
 TEST(TrainProcesses, SyncBatchNormWithStrategyDpIsOneLine) {

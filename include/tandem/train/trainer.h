@@ -55,6 +55,9 @@ struct TrainOptions {
   // DdpOptions::check_replicas_every: the ranks compare their weights every this many steps; 0: never.
   int64_t check_replicas_every = 100;
   bool uneven = false;                     // LoopOptions::uneven_inputs: every sample once, ranks' batches differ
+  int64_t accumulate_batches = 1;          // LoopOptions::accumulate_batches
+  std::string comm_hook = "average";       // LoopOptions::comm_hook
+  ddp::PowerSgdOptions powersgd;           // LoopOptions::powersgd
   int64_t prefetch_batches = 2;
   // Where the model, the batches and the metrics live (apps/train.cpp resolves --device; see util/device.h).
   // On a GPU, batches are prefetched into pinned memory and copied without blocking the host.
