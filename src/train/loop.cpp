@@ -162,6 +162,10 @@ class Run {
   void write_checkpoint(const CheckpointState& state);
   void write_report();
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
+  // The devices whose generators a checkpoint holds: every DataParallel replica's, else the rank's own.
+  std::vector<torch::Device> rng_devices() const {
+    return dp_model_ ? dp_model_->devices() : std::vector<torch::Device>{options_.device};
+  }
   // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
   template <typename Pass>
   auto in_precision(Pass&& pass) {
@@ -324,7 +328,7 @@ void Run::resume_from(const std::string& checkpoint) {
           "(fingerprint {:016x}); resume with the same training data, or start a new run in another --run-dir",
           checkpoint, resumed_.train_samples, resumed_.train_fingerprint, train_set_->size(), fingerprint));
     }
-    restore_rng_states(resumed_.rng, rank_, world_, options_.device);
+    restore_rng_states(resumed_.rng, rank_, world_, rng_devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
@@ -508,7 +512,7 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
   // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
   // generators after evaluation and on_epoch_end, as at every epoch end.
-  if (stop_ && progress.steps < steps_per_epoch_) rng_at_stop_ = gather_rng_states(communicator_, options_.device);
+  if (stop_ && progress.steps < steps_per_epoch_) rng_at_stop_ = gather_rng_states(communicator_, rng_devices());
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
   return progress;
@@ -674,7 +678,7 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
 void Run::write_checkpoint(const CheckpointState& state) {
   if (!options_.checkpoint) return;
   CheckpointState complete = state;
-  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, options_.device);
+  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
   // Sharded optimizer state is gathered to rank 0 by every rank, before rank 0 alone saves it.
   if (auto* sharded = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&optimizer_)) sharded->consolidate_state_dict(0);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
