@@ -17,6 +17,7 @@
 #include "tandem/data/image.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/task_queue.h"
 
 namespace tandem::data {
@@ -191,9 +192,7 @@ ImageFolderSplit read_split_data(const std::string& root, double val_split, uint
 void write_class_list(const std::vector<std::string>& classes, const std::string& path) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   for (size_t i = 0; i < classes.size(); ++i) json[std::to_string(i)] = classes[i];
-  std::ofstream out(path);
-  out << json.dump(4) << "\n";
-  if (!out) throw Error("cannot write class list " + path);
+  write_file_atomically(path, json.dump(4) + "\n");
 }
 
 std::vector<std::string> read_class_list(const std::string& path) {

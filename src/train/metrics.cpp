@@ -53,8 +53,7 @@ JsonLinesFile::JsonLinesFile(std::string path, const std::string& key, int64_t f
     existing.close();
     write_file_atomically(path_, kept);
   }
-  file_ = std::fopen(path_.c_str(), "a");
-  if (!file_) throw Error("cannot open " + path_ + " for appending: " + std::strerror(errno));
+  file_ = open_for_appending(path_);
 }
 
 JsonLinesFile::~JsonLinesFile() {
