@@ -523,7 +523,7 @@ void Run::count_step(EpochProgress& progress, const StepStatistics& stats) {
   ++progress.steps;
   progress.loss_sum += stats.mean_loss();
   progress.samples += stats.samples;
-  progress_->update(progress.batches_done, progress.loss_sum / progress.steps);
+  progress_->update(std::max<int64_t>(progress.batches_done - 1, 0), progress.loss_sum / progress.steps);
 }
 
 // One optimizer step on `batches` (accumulate_batches of them, fewer at an epoch's end): all but the last under
