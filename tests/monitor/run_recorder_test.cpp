@@ -20,20 +20,8 @@ using testing::ScalarPoint;
 
 constexpr int64_t kStepsPerEpoch = 5;
 
-std::vector<nlohmann::json> read_json_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
-std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key) {
-  std::vector<ScalarPoint> points;
-  for (const nlohmann::json& line : lines) {
-    points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
-  }
-  return points;
-}
+using testing::points_of;
+using testing::read_json_lines;
 
 void expect_tensorboard_matches_jsonl(const std::string& run_dir) {
   const std::vector<nlohmann::json> metrics = read_json_lines(run_dir + "/metrics.jsonl");

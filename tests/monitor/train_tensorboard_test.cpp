@@ -17,23 +17,6 @@
 namespace tandem::testing {
 namespace {
 
-std::vector<nlohmann::json> read_json_lines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
-// Each line's `key` at the line's "step", rounded to float32 as TensorBoard stores scalars.
-std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key) {
-  std::vector<ScalarPoint> points;
-  for (const nlohmann::json& line : lines) {
-    points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
-  }
-  return points;
-}
-
 // Runs `tandem run --nproc-per-node 2 LAUNCHER_ARGS -- tandem train` on 160 tiny MNIST samples (batch 16 per
 // rank: 5 steps per epoch) with a test split, so every per-epoch tag is written.
 void train_two_ranks(const std::string& run_dir, int epochs, const std::vector<std::string>& launcher_args,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -46,6 +47,22 @@ void expect_scalars(const TensorBoardScalars& scalars, const std::string& tag,
     EXPECT_EQ(actual[i].step, expected[i].step) << tag << " point " << i;
     EXPECT_EQ(actual[i].value, expected[i].value) << tag << " at step " << expected[i].step;
   }
+}
+
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "missing " << path;
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key) {
+  std::vector<ScalarPoint> points;
+  for (const nlohmann::json& line : lines) {
+    points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
+  }
+  return points;
 }
 
 }  // namespace tandem::testing

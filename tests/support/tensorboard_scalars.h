@@ -2,6 +2,8 @@
 // What TensorBoard itself reads from a log directory: tests/monitor/read_tensorboard.py runs TensorBoard's
 // EventAccumulator in the checkout's .venv (scripts/install-python-tools), so event files are judged by the
 // reader users have, not by a parser of ours.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -24,5 +26,12 @@ TensorBoardScalars read_tensorboard_scalars(const std::string& log_dir);
 // Expects TensorBoard to hold exactly `expected` for `tag`, step for step and value for value.
 void expect_scalars(const TensorBoardScalars& scalars, const std::string& tag,
                     const std::vector<ScalarPoint>& expected);
+
+// The lines of a JSON-lines record (metrics.jsonl, steps.jsonl); a missing file fails the calling test.
+std::vector<nlohmann::json> read_json_lines(const std::string& path);
+
+// Each line's `key` at the line's "step", rounded to float32 as TensorBoard stores scalars: what TensorBoard
+// must show for those records.
+std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key);
 
 }  // namespace tandem::testing
