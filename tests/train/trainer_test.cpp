@@ -471,11 +471,12 @@ TEST(TrainProcesses, StrategyDpUnderSeveralRanksIsRefusedOnEveryRank) {
   }
 }
 
-TEST(TrainProcesses, UnevenTrainsEverySampleOnceWithRanksOfThreeThreeAndTwoBatches) {
-  // 50 samples over 3 ranks: 17, 17 and 16, in batches of 8: 3, 3 and 2 batches. Rank 2 shadows each epoch's
-  // third step, where the timeline's window (a collective at its end) closes too.
+TEST(TrainProcesses, UnevenTrainsEverySampleOnceWithRanksOfThreeTwoAndTwoBatches) {
+  // 52 samples over 3 ranks: 18, 17 and 17, in batches of 8: 3 batches (8, 8, 2) on rank 0 and 2 (8, 9: a last
+  // sample joins the batch before it) on ranks 1 and 2, which shadow each epoch's third step, where the
+  // timeline's window (a collective at its end) closes too.
   const std::string root = make_temp_dir("uneven_runs");
-  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven", 50, 16), "--epochs", "2",
+  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven", 52, 16), "--epochs", "2",
                                            "--batch-size", "8", "--threads", "1", "--uneven", "--run-dir",
                                            root + "/run", "--timeline", root + "/trace.json", "--timeline-steps",
                                            "2-3", "--timeout", "60"});
@@ -488,7 +489,7 @@ TEST(TrainProcesses, UnevenTrainsEverySampleOnceWithRanksOfThreeThreeAndTwoBatch
 
 TEST(TrainProcesses, UnevenWithBf16MixedTrainsEveryRankToTheEnd) {
   const std::string root = make_temp_dir("uneven_bf16_runs");
-  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven_bf16", 50, 16), "--epochs", "1",
+  const auto results = run_train_ranks(3, {"--data", write_tiny_mnist("uneven_bf16", 52, 16), "--epochs", "1",
                                            "--batch-size", "8", "--threads", "1", "--uneven", "--precision",
                                            "bf16-mixed", "--run-dir", root + "/run", "--timeout", "60"});
   expect_success(results, "uneven bf16-mixed run");
