@@ -15,27 +15,10 @@
 namespace tandem::train {
 namespace {
 
-using testing::expect_scalars;
-using testing::ScalarPoint;
 
 constexpr int64_t kStepsPerEpoch = 5;
 
-using testing::points_of;
 using testing::read_json_lines;
-
-void expect_tensorboard_matches_jsonl(const std::string& run_dir) {
-  const std::vector<nlohmann::json> metrics = read_json_lines(run_dir + "/metrics.jsonl");
-  const std::vector<nlohmann::json> steps = read_json_lines(run_dir + "/steps.jsonl");
-  const testing::TensorBoardScalars scalars = testing::read_tensorboard_scalars(run_dir);
-  EXPECT_EQ(scalars.size(), 7u);
-  expect_scalars(scalars, "loss", points_of(metrics, "loss"));
-  expect_scalars(scalars, "accuracy", points_of(metrics, "accuracy"));
-  expect_scalars(scalars, "learning_rate", points_of(metrics, "lr"));
-  expect_scalars(scalars, "samples_per_second", points_of(metrics, "samples_per_second"));
-  expect_scalars(scalars, "epoch", points_of(metrics, "epoch"));
-  expect_scalars(scalars, "step/loss", points_of(steps, "loss"));
-  expect_scalars(scalars, "step/learning_rate", points_of(steps, "lr"));
-}
 
 // Records steps first..last of a run whose attempt is `attempt` (its values differ from every other
 // attempt's), and the epoch lines of the epochs those steps end; with `stop_early`, also the line of the
@@ -77,7 +60,7 @@ TEST(RunRecorderTensorBoard, AResumeAfterAStepsStopInsideAnEpochForgetsThatEpoch
     record(resumed, 2, 8, 10, false);
   }
   ASSERT_EQ(read_json_lines(dir / "metrics.jsonl").size(), 2u);
-  expect_tensorboard_matches_jsonl(dir.path());
+  testing::expect_tensorboard_matches_records(dir.path());
 }
 
 TEST(RunRecorderTensorBoard, AResumeAtAnEpochsEndKeepsThatEpochAndItsLastStep) {
@@ -92,7 +75,7 @@ TEST(RunRecorderTensorBoard, AResumeAtAnEpochsEndKeepsThatEpochAndItsLastStep) {
     record(resumed, 2, 6, 10, false);
   }
   ASSERT_EQ(read_json_lines(dir / "steps.jsonl").size(), 10u);
-  expect_tensorboard_matches_jsonl(dir.path());
+  testing::expect_tensorboard_matches_records(dir.path());
 }
 
 }  // namespace

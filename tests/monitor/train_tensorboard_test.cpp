@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "support/processes.h"
 #include "support/scratch_dir.h"
@@ -40,19 +39,7 @@ void expect_tensorboard_matches_jsonl(const std::string& run_dir, int epochs) {
   const std::vector<nlohmann::json> steps = read_json_lines(run_dir + "/steps.jsonl");
   ASSERT_EQ(metrics.size(), static_cast<size_t>(epochs));
   ASSERT_EQ(steps.size(), static_cast<size_t>(epochs * 5));
-  const TensorBoardScalars scalars = read_tensorboard_scalars(run_dir);
-
-  std::set<std::string> tags;
-  for (const auto& [tag, points] : scalars) tags.insert(tag);
-  EXPECT_EQ(tags, (std::set<std::string>{"loss", "accuracy", "learning_rate", "samples_per_second", "epoch",
-                                         "step/loss", "step/learning_rate"}));
-  expect_scalars(scalars, "loss", points_of(metrics, "loss"));
-  expect_scalars(scalars, "accuracy", points_of(metrics, "accuracy"));
-  expect_scalars(scalars, "learning_rate", points_of(metrics, "lr"));
-  expect_scalars(scalars, "samples_per_second", points_of(metrics, "samples_per_second"));
-  expect_scalars(scalars, "epoch", points_of(metrics, "epoch"));
-  expect_scalars(scalars, "step/loss", points_of(steps, "loss"));
-  expect_scalars(scalars, "step/learning_rate", points_of(steps, "lr"));
+  expect_tensorboard_matches_records(run_dir);
 }
 
 TEST(TrainTensorBoard, ScalarsEqualTheMetricsAndStepsFiles) {

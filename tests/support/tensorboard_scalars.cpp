@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -63,6 +64,23 @@ std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, con
     points.push_back({line.at("step").get<int64_t>(), static_cast<float>(line.at(key).get<double>())});
   }
   return points;
+}
+
+void expect_tensorboard_matches_records(const std::string& run_dir) {
+  const std::vector<nlohmann::json> metrics = read_json_lines(run_dir + "/metrics.jsonl");
+  const std::vector<nlohmann::json> steps = read_json_lines(run_dir + "/steps.jsonl");
+  const TensorBoardScalars scalars = read_tensorboard_scalars(run_dir);
+  std::set<std::string> tags;
+  for (const auto& [tag, points] : scalars) tags.insert(tag);
+  EXPECT_EQ(tags, (std::set<std::string>{"loss", "accuracy", "learning_rate", "samples_per_second", "epoch",
+                                         "step/loss", "step/learning_rate"}));
+  expect_scalars(scalars, "loss", points_of(metrics, "loss"));
+  expect_scalars(scalars, "accuracy", points_of(metrics, "accuracy"));
+  expect_scalars(scalars, "learning_rate", points_of(metrics, "lr"));
+  expect_scalars(scalars, "samples_per_second", points_of(metrics, "samples_per_second"));
+  expect_scalars(scalars, "epoch", points_of(metrics, "epoch"));
+  expect_scalars(scalars, "step/loss", points_of(steps, "loss"));
+  expect_scalars(scalars, "step/learning_rate", points_of(steps, "lr"));
 }
 
 }  // namespace tandem::testing

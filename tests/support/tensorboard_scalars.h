@@ -34,4 +34,8 @@ std::vector<nlohmann::json> read_json_lines(const std::string& path);
 // must show for those records.
 std::vector<ScalarPoint> points_of(const std::vector<nlohmann::json>& lines, const std::string& key);
 
+// TensorBoard's view of RUN_DIR holds exactly the run's seven tags, each equal to what RUN_DIR/metrics.jsonl and
+// steps.jsonl record.
+void expect_tensorboard_matches_records(const std::string& run_dir);
+
 }  // namespace tandem::testing
