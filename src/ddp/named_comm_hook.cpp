@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
 
@@ -18,7 +20,14 @@ CommHookPtr make_comm_hook(const std::string& name, const PowerSgdOptions& power
   if (name == "fp16") return make_fp16_compress_hook();
   if (name == "bf16") return make_bf16_compress_hook();
   if (name == "powersgd") return make_powersgd_hook(powersgd);
-  throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are {}", name, fmt::join(comm_hook_names(), ", ")));
+  require_comm_hook_name(name);
+  TANDEM_CHECK(false, "comm hook '", name, "' is listed but made by no branch");
+}
+
+void require_comm_hook_name(const std::string& name) {
+  const auto& names = comm_hook_names();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are {}", name, fmt::join(names, ", ")));
 }
 
 void require_backend_reduces(const std::string& name, comm::Communicator& communicator) {

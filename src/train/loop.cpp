@@ -243,10 +243,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   if (options_.accumulate_batches < 1) {
     throw InvalidArgument(fmt::format("accumulate batches must be at least 1, not {}", options_.accumulate_batches));
   }
-  const auto& hooks = ddp::comm_hook_names();
-  if (std::find(hooks.begin(), hooks.end(), options_.comm_hook) == hooks.end()) {
-    throw InvalidArgument(fmt::format("comm hook '{}' is unknown; the hooks are {}", options_.comm_hook, fmt::join(hooks, ", ")));
-  }
+  ddp::require_comm_hook_name(options_.comm_hook);
   if (options_.strategy == Strategy::kDataParallel && options_.comm_hook != "average") {
     throw InvalidArgument(fmt::format("--comm-hook {} shapes DDP's all-reduce between processes, and DataParallel "
                                       "reduces inside one process: drop --comm-hook, or use --strategy ddp",

@@ -13,6 +13,9 @@ namespace tandem::ddp {
 // The names make_comm_hook knows, in the order --help lists them.
 const std::vector<std::string>& comm_hook_names();
 
+// Throws InvalidArgument naming the hooks unless `name` is one of them: for options checked before any hook is made.
+void require_comm_hook_name(const std::string& name);
+
 // A new hook (hooks keep per-DDP state, so each DistributedDataParallel needs its own); `powersgd` configures
 // "powersgd" only. Throws InvalidArgument naming the hooks for an unknown name.
 CommHookPtr make_comm_hook(const std::string& name, const PowerSgdOptions& powersgd = {});
