@@ -4,35 +4,19 @@
 // grace period); while plan.max_restarts allows, the whole group then starts again, else that worker's exit
 // code becomes the launcher's. SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every worker and end the
 // run without a restart; no worker outlives the launcher.
-#include <string>
-
 #include "tandem/launch/launch_options.h"
+#include "tandem/launch/worker_exit.h"
 
 namespace tandem::launch {
 
-// How one worker ended.
-struct WorkerExit {
-  int rank = 0;
-  int exit_code = 0;  // when it exited
-  int signal = 0;     // non-zero when a signal killed it
-
-  bool failed() const { return signal != 0 || exit_code != 0; }
-  // What a shell would report: the code, or 128 + the signal number.
-  int shell_code() const { return signal != 0 ? 128 + signal : exit_code; }
-  // "exited with code 7" or "was killed by signal SIGKILL (9)".
-  std::string describe() const;
-};
-
-// "SIGTERM", "SIGKILL", ...; "signal 42" for one without a name here.
-std::string signal_name(int signal);
-
 // Runs plan.command once per local rank and blocks until every worker and every process they started in their
-// process groups is gone, in the last attempt. Worker output goes to this process's stdout/stderr with a
-// "[rank] " prefix (and to the rank's log file, across attempts). Each restart is one line on stderr. Returns
-// the exit code for `tandem run`: 0 when all succeeded, the failed worker's shell_code() once no restart is left, 128 + signal when the launcher was signalled, 127 (126) when the command cannot be found
-// (executed). Those outcomes are reported on stderr in one line starting "tandem run: ". On one node it first
-// starts the workers' rendezvous store (local_store.h). Throws Error when the log directory cannot be created,
-// CommError when the store's port cannot be bound; no worker has started then.
+// process groups is gone, in the last attempt. Worker output goes to this process's stdout/stderr with a "[rank] "
+// prefix (and to the rank's log file, across attempts). Each restart is one line on stderr. Returns the exit code
+// for `tandem run`: 0 when all succeeded, the failed worker's shell_code() once no restart is left, 128 + signal
+// when the launcher was signalled, 127 (126) when the command cannot be found (executed). Those outcomes are
+// reported on stderr in one line starting "tandem run: ". On one node it first starts the workers' rendezvous store
+// (local_store.h). Throws Error when the log directory cannot be created, CommError when the store's port cannot be
+// bound; no worker has started then.
 int launch(const LaunchPlan& plan);
 
 }  // namespace tandem::launch
