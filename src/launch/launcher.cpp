@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "signal_relay.h"
 #include "tandem/launch/line_buffer.h"
 #include "tandem/launch/local_store.h"
 #include "tandem/launch/worker_environment.h"
@@ -28,61 +29,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Signals the launcher passes on to its workers; a second one while stopping escalates to SIGKILL.
-constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
 // How long SIGKILLed processes get to vanish before the launcher stops waiting (only a process stuck in
 // uninterruptible I/O takes longer).
 constexpr std::chrono::seconds kKillWait{10};
 // While stopping, how often to look whether the workers' process groups are empty: members that are not the
 // launcher's children send it no SIGCHLD.
 constexpr int kStopPollMs = 20;
-
-// The self-pipe through which signal handlers wake the poll loop; handlers may run on any thread.
-int signal_pipe[2] = {-1, -1};
-
-void on_signal(int signal) {
-  int saved = errno;
-  unsigned char byte = static_cast<unsigned char>(signal);
-  ssize_t ignored = ::write(signal_pipe[1], &byte, 1);
-  (void)ignored;
-  errno = saved;
-}
-
-// Owns the launcher's signal handlers for the duration of launch(), and puts the previous ones back after.
-class SignalRelay {
- public:
-  SignalRelay() {
-    if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("cannot create the launcher's signal pipe");
-    struct sigaction action {};
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    for (int signal : kForwardedSignals) install(signal, action);
-    action.sa_flags |= SA_NOCLDSTOP;
-    install(SIGCHLD, action);
-    // A closed terminal or `| head` must not kill the launcher (and with it, abruptly, every worker).
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    install(SIGPIPE, ignore);
-  }
-  ~SignalRelay() {
-    for (auto& [signal, previous] : previous_) ::sigaction(signal, &previous, nullptr);
-    ::close(signal_pipe[0]);
-    ::close(signal_pipe[1]);
-    signal_pipe[0] = signal_pipe[1] = -1;
-  }
-  SignalRelay(const SignalRelay&) = delete;
-  SignalRelay& operator=(const SignalRelay&) = delete;
-
-  int fd() const { return signal_pipe[0]; }
-
- private:
-  void install(int signal, const struct sigaction& action) {
-    previous_.push_back({signal, {}});
-    ::sigaction(signal, &action, &previous_.back().second);
-  }
-  std::vector<std::pair<int, struct sigaction>> previous_;
-};
 
 // Writes everything, or gives up quietly when the reader is gone: worker output must never stop the launcher.
 void write_all(int fd, const std::string& text) {
@@ -227,9 +179,7 @@ class Supervisor {
     pid_t pid = ::fork();
     if (pid == 0) {
       // The child: only async-signal-safe calls until exec, since the launcher may have other threads.
-      struct sigaction default_action {};
-      default_action.sa_handler = SIG_DFL;
-      for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::sigaction(signal, &default_action, nullptr);
+      SignalRelay::restore_defaults_in_child();
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -301,7 +251,7 @@ class Supervisor {
         break;
       }
 
-      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
       std::vector<OutputStream*> streams;
       for (Worker& worker : workers_) {
         for (OutputStream* stream : {&worker.out, &worker.err}) {
@@ -374,18 +324,14 @@ class Supervisor {
   }
 
   void handle_signals() {
-    unsigned char signals[64];
-    ssize_t got;
     bool child_changed = false;
-    while ((got = ::read(signal_fd_, signals, sizeof(signals))) > 0) {
-      for (ssize_t i = 0; i < got; ++i) {
-        if (signals[i] == SIGCHLD) {
-          child_changed = true;
-        } else {
-          on_launcher_signal(signals[i]);
-        }
+    signals_.drain([&](int signal) {
+      if (signal == SIGCHLD) {
+        child_changed = true;
+      } else {
+        on_launcher_signal(signal);
       }
-    }
+    });
     if (child_changed) reap();
   }
 
@@ -498,7 +444,6 @@ class Supervisor {
   const LocalStore* store_;
   bool partial_line_shown_ = false;  // the terminal's last line is a partial one (see emit)
   SignalRelay signals_;
-  const int signal_fd_ = signals_.fd();
   std::vector<Worker> workers_;
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_;
