@@ -16,8 +16,8 @@
 #include <optional>
 #include <vector>
 
+#include "output_relay.h"
 #include "signal_relay.h"
-#include "tandem/launch/line_buffer.h"
 #include "tandem/launch/local_store.h"
 #include "tandem/launch/worker_environment.h"
 #include "tandem/util/error.h"
@@ -36,31 +36,7 @@ constexpr std::chrono::seconds kKillWait{10};
 // launcher's children send it no SIGCHLD.
 constexpr int kStopPollMs = 20;
 
-// Writes everything, or gives up quietly when the reader is gone: worker output must never stop the launcher.
-void write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
-    if (wrote > 0) {
-      done += static_cast<size_t>(wrote);
-    } else if (wrote < 0 && errno == EAGAIN) {
-      pollfd wait{fd, POLLOUT, 0};
-      ::poll(&wait, 1, 100);
-    } else if (!(wrote < 0 && errno == EINTR)) {
-      return;
-    }
-  }
-}
-
 void report(const std::string& message) { write_all(STDERR_FILENO, "tandem run: " + message + "\n"); }
-
-struct OutputStream {
-  size_t owner = 0;      // index of the worker it belongs to
-  int fd = -1;           // read end of the worker's pipe; -1 once it reached end of file
-  int terminal_fd = -1;  // the launcher's own stdout or stderr
-  bool terminal_is_tty = false;
-  LineBuffer lines;
-};
 
 struct Worker {
   int local_rank = 0;
@@ -124,7 +100,7 @@ class Supervisor {
         worker_environment(plan_, local_rank, restart, comm::process_environment(), usable_cpu_count());
     overrides.insert(store_variables.begin(), store_variables.end());
     // The workers write into pipes; rank 0's progress bar needs to know that the launcher shows them on a
-    // terminal, which redraws a line in place (see emit).
+    // terminal, which redraws a line in place (see OutputRelay::emit).
     if (::isatty(STDERR_FILENO) == 1) overrides["TANDEM_TERMINAL"] = "1";
     std::vector<std::string> entries;
     for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -227,9 +203,8 @@ class Supervisor {
 
     worker.pid = pid;
     worker.running = true;
-    worker.out = {static_cast<size_t>(worker.local_rank), out[0], STDOUT_FILENO, ::isatty(STDOUT_FILENO) == 1, {}};
-    worker.err = {static_cast<size_t>(worker.local_rank), err[0], STDERR_FILENO, ::isatty(STDERR_FILENO) == 1, {}};
-    for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    worker.out = OutputStream::from_pipe(out[0], worker.exit.rank, STDOUT_FILENO, worker.log_fd);
+    worker.err = OutputStream::from_pipe(err[0], worker.exit.rank, STDERR_FILENO, worker.log_fd);
     return 0;
   }
 
@@ -266,15 +241,15 @@ class Supervisor {
       }
       if (fds[0].revents != 0) handle_signals();
       for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) read_output(*streams[i - 1]);
+        if (fds[i].revents != 0) output_.read(*streams[i - 1]);
       }
     }
     // Output still buffered in pipes held by a process that escaped the process groups is read, not waited for.
     for (Worker& worker : workers_) {
       for (OutputStream* stream : {&worker.out, &worker.err}) {
-        while (stream->fd >= 0 && read_output(*stream)) {
+        while (stream->fd >= 0 && output_.read(*stream)) {
         }
-        if (stream->fd >= 0) close_stream(*stream);
+        if (stream->fd >= 0) output_.close(*stream);
       }
     }
   }
@@ -369,47 +344,6 @@ class Supervisor {
     }
   }
 
-  // Returns whether it read anything; closes the stream at end of file.
-  bool read_output(OutputStream& stream) {
-    char buffer[64 * 1024];
-    ssize_t got = ::read(stream.fd, buffer, sizeof(buffer));
-    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return false;
-    Worker& worker = owner_of(stream);
-    if (got <= 0) {
-      close_stream(stream);
-      return false;
-    }
-    stream.lines.feed(buffer, static_cast<size_t>(got),
-                      [&](const std::string& line, bool partial) { emit(worker, stream, line, partial); });
-    return true;
-  }
-
-  void close_stream(OutputStream& stream) {
-    Worker& worker = owner_of(stream);
-    stream.lines.flush([&](const std::string& line, bool partial) { emit(worker, stream, line, partial); });
-    ::close(stream.fd);
-    stream.fd = -1;
-  }
-
-  Worker& owner_of(const OutputStream& stream) { return workers_.at(stream.owner); }
-
-  // One write per line keeps the ranks' lines whole on the terminal. A partial line (a progress bar's state)
-  // is drawn over the terminal's last line and left there without a newline; the next whole line from any
-  // rank first clears it. Files and pipes get whole lines only.
-  void emit(const Worker& worker, const OutputStream& stream, const std::string& line, bool partial) {
-    constexpr const char* kClearLine = "\r\x1b[K";
-    if (partial) {
-      if (!stream.terminal_is_tty) return;
-      write_all(stream.terminal_fd, fmt::format("{}[{}] {}", kClearLine, worker.exit.rank, line));
-      partial_line_shown_ = true;
-      return;
-    }
-    const bool clear = partial_line_shown_ && stream.terminal_is_tty;
-    write_all(stream.terminal_fd, fmt::format("{}[{}] {}\n", clear ? kClearLine : "", worker.exit.rank, line));
-    if (stream.terminal_is_tty) partial_line_shown_ = false;
-    if (worker.log_fd >= 0) write_all(worker.log_fd, line + "\n");
-  }
-
   // Sends `signal` to every worker's process group, including groups whose leader has exited but whose
   // children live on.
   void signal_groups(int signal) {
@@ -442,8 +376,8 @@ class Supervisor {
 
   const LaunchPlan& plan_;
   const LocalStore* store_;
-  bool partial_line_shown_ = false;  // the terminal's last line is a partial one (see emit)
   SignalRelay signals_;
+  OutputRelay output_;
   std::vector<Worker> workers_;
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_;
