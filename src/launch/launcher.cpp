@@ -21,8 +21,7 @@
 #include "tandem/launch/local_store.h"
 #include "tandem/launch/worker_environment.h"
 #include "tandem/util/error.h"
-
-extern char** environ;
+#include "worker_process.h"
 
 namespace tandem::launch {
 namespace {
@@ -102,13 +101,7 @@ class Supervisor {
     // The workers write into pipes; rank 0's progress bar needs to know that the launcher shows them on a
     // terminal, which redraws a line in place (see OutputRelay::emit).
     if (::isatty(STDERR_FILENO) == 1) overrides["TANDEM_TERMINAL"] = "1";
-    std::vector<std::string> entries;
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      std::string text(*entry);
-      if (overrides.count(text.substr(0, text.find('='))) == 0) entries.push_back(std::move(text));
-    }
-    for (const auto& [name, value] : overrides) entries.push_back(name + "=" + value);
-    return entries;
+    return environment_with(overrides);
   }
 
   void start_workers(int restart) {
@@ -118,94 +111,20 @@ class Supervisor {
     const auto store_variables =
         store_ != nullptr ? store_->worker_variables(restart) : std::map<std::string, std::string>{};
     for (Worker& worker : workers_) {
-      int error = spawn(worker, environment_for(worker.local_rank, restart, store_variables));
-      if (error == 0) continue;
-      exec_failure_code_ = error == ENOENT ? 127 : 126;
-      exec_failure_ = fmt::format("cannot execute '{}' for rank {}: {}{}", plan_.command.front(), worker.exit.rank,
-                                  std::strerror(error),
-                                  error == ENOENT && plan_.command.front().find('/') == std::string::npos
-                                      ? " (not found in PATH)"
-                                      : "");
+      WorkerProcess process = spawn_worker(plan_.command, environment_for(worker.local_rank, restart, store_variables),
+                                           worker.exit.rank);
+      if (process.exec_errno == 0) {
+        worker.pid = process.pid;
+        worker.running = true;
+        worker.out = OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd);
+        worker.err = OutputStream::from_pipe(process.stderr_fd, worker.exit.rank, STDERR_FILENO, worker.log_fd);
+        continue;
+      }
+      exec_failure_code_ = process.exec_errno == ENOENT ? 127 : 126;
+      exec_failure_ = exec_failure_message(plan_.command.front(), worker.exit.rank, process.exec_errno);
       begin_stop(SIGTERM);
       return;
     }
-  }
-
-  // Starts one worker; returns 0, or the errno of a failed exec (the child is then already reaped).
-  int spawn(Worker& worker, std::vector<std::string> env) {
-    std::vector<char*> envp;
-    for (auto& entry : env) envp.push_back(entry.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = plan_.command;
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-
-    int out[2], err[2], exec_status[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_status, O_CLOEXEC) != 0) {
-      throw Error(fmt::format("cannot create pipes for rank {}: {}", worker.exit.rank, std::strerror(errno)));
-    }
-    int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    const pid_t launcher = ::getpid();
-
-    // With every signal blocked across fork, the child cannot run the launcher's handlers before it resets them.
-    sigset_t all, previous;
-    sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      // The child: only async-signal-safe calls until exec, since the launcher may have other threads.
-      SignalRelay::restore_defaults_in_child();
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      // Its own process group, so one kill() reaches everything it starts, and the terminal's Ctrl-C reaches
-      // only the launcher, which forwards it exactly once.
-      ::setpgid(0, 0);
-      // If the launcher dies without cleaning up (SIGKILL), the kernel kills the worker.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
-      if (dev_null >= 0) ::dup2(dev_null, STDIN_FILENO);
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      int error = errno;
-      ssize_t ignored = ::write(exec_status[1], &error, sizeof(error));
-      (void)ignored;
-      ::_exit(127);
-    }
-    int fork_error = errno;
-    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-    for (int fd : {out[1], err[1], exec_status[1], dev_null}) {
-      if (fd >= 0) ::close(fd);
-    }
-    if (pid < 0) {
-      for (int fd : {out[0], err[0], exec_status[0]}) ::close(fd);
-      throw Error(fmt::format("cannot start rank {}: fork failed: {}", worker.exit.rank, std::strerror(fork_error)));
-    }
-    ::setpgid(pid, pid);  // also here, so no kill(-pid) can race the child's own setpgid
-
-    // The status pipe closes on a successful exec, or carries exec's errno.
-    int exec_errno = 0;
-    ssize_t got;
-    do {
-      got = ::read(exec_status[0], &exec_errno, sizeof(exec_errno));
-    } while (got < 0 && errno == EINTR);
-    ::close(exec_status[0]);
-    if (got == static_cast<ssize_t>(sizeof(exec_errno))) {
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      ::close(out[0]);
-      ::close(err[0]);
-      return exec_errno;
-    }
-
-    worker.pid = pid;
-    worker.running = true;
-    worker.out = OutputStream::from_pipe(out[0], worker.exit.rank, STDOUT_FILENO, worker.log_fd);
-    worker.err = OutputStream::from_pipe(err[0], worker.exit.rank, STDERR_FILENO, worker.log_fd);
-    return 0;
   }
 
   void supervise() {
