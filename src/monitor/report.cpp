@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "report/page_assets.h"
 #include "tandem/config.h"
 #include "tandem/monitor/dygraphs_bundle.h"
 #include "tandem/util/atomic_file.h"
@@ -279,73 +280,6 @@ std::string timeline_html(const TimelineSummary& timeline) {
   return html + "</table>\n</section>\n";
 }
 
-// The page's own style; dygraphs' sheet comes before it.
-constexpr const char* kPageStyle = R"css(
-body { font: 14px/1.4 system-ui, sans-serif; color: #222; background: #fff; margin: 24px 32px; }
-h1 { font-size: 22px; margin: 0; }
-h2 { font-size: 17px; margin: 28px 0 8px; }
-.run-dir { color: #666; font-family: monospace; margin: 2px 0 12px; }
-.summary { display: flex; flex-wrap: wrap; gap: 8px 32px; margin: 0 0 8px; }
-.summary dt { color: #666; font-size: 12px; }
-.summary dd { margin: 0; font-size: 18px; }
-.notes { color: #8a5a00; margin: 4px 0; padding-left: 20px; }
-.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 20px 32px; }
-.charts figure { margin: 0; }
-.chart { height: 320px; }
-.legend { font-size: 12px; min-height: 18px; padding-left: 78px; }
-figcaption { font-size: 12px; color: #666; padding-left: 78px; }
-.bars { max-width: 900px; }
-.bar-row { display: flex; align-items: center; gap: 8px; margin: 4px 0; }
-.bar-label { width: 56px; }
-.bar { display: flex; flex: 1; height: 20px; background: #f3f3f3; }
-.bar span { display: block; height: 100%; }
-.bar-total { width: 80px; text-align: right; }
-.bar-key { display: flex; gap: 16px; font-size: 12px; margin: 6px 0 0 64px; }
-.bar-key i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -2px; }
-.phase-0 { background: #4e79a7; } .phase-1 { background: #59a14f; } .phase-2 { background: #e15759; }
-.phase-3 { background: #f28e2b; } .phase-other { background: #bab0ac; }
-table { border-collapse: collapse; margin-top: 12px; }
-th, td { border: 1px solid #ddd; padding: 3px 10px; text-align: right; }
-)css";
-
-// Draws every chart of #run-data, then records in the DOM what it drew (see tandem/monitor/report.h).
-constexpr const char* kPageScript = R"js(
-"use strict";
-(function () {
-  const charts = JSON.parse(document.getElementById("run-data").textContent).charts;
-  const colors = ["#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
-                  "#ff9da7", "#bab0ac"];
-  // Four significant digits: dygraphs' default of two decimals shows 0.0175 and 0.02 both as "0.02".
-  const number = function (y) { return String(Number(y.toPrecision(4))); };
-  let drawn = 0;
-  for (const chart of charts) {
-    const div = document.getElementById(chart.id);
-    try {
-      new Dygraph(div, chart.rows, {
-        labels: chart.labels, title: chart.title, xlabel: chart.xlabel, ylabel: chart.ylabel,
-        series: chart.series, connectSeparatedPoints: true, legend: "always", xRangePad: 8,
-        colors: chart.labels.slice(1).map(function (label, i) { return colors[i % colors.length]; }),
-        labelsDiv: document.getElementById(chart.id + "-legend"), labelsSeparateLines: false,
-        // Steps and epochs are whole numbers: no ticks between them.
-        axes: { x: { axisLabelFormatter: function (x) { return Number.isInteger(x) ? String(x) : ""; } },
-                y: { axisLabelFormatter: number, valueFormatter: number, axisLabelWidth: 60 } },
-        drawCallback: function (g, initial) {
-          div.dataset.rows = g.numRows();
-          div.dataset.series = g.getLabels().length - 1;
-          if (initial) {
-            div.dataset.drawn = "1";
-            document.body.dataset.chartsDrawn = ++drawn;
-          }
-        }
-      });
-    } catch (error) {
-      div.dataset.error = String(error);
-      div.textContent = "This chart could not be drawn: " + error;
-    }
-  }
-})();
-)js";
-
 struct DygraphsFiles {
   std::string_view script;
   std::string_view style;
@@ -380,7 +314,7 @@ std::string render_report(const RunRecords& records) {
 
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   html += fmt::format("<title>tandem report: {}</title>\n", name);
-  html += fmt::format("<style>\n{}\n</style>\n<style>{}</style>\n", dygraphs.style, kPageStyle);
+  html += fmt::format("<style>\n{}\n</style>\n<style>\n{}</style>\n", dygraphs.style, report::page_style());
   html += fmt::format("<script>\n{}\n</script>\n</head>\n", dygraphs.script);
   html += fmt::format("<body data-charts-expected=\"{}\" data-charts-drawn=\"0\">\n", charts.size());
   html += fmt::format("<header>\n<h1>tandem report: {}</h1>\n<div class=\"run-dir\">{}</div>\n", name,
@@ -403,7 +337,7 @@ std::string render_report(const RunRecords& records) {
   if (records.timeline) html += timeline_html(*records.timeline);
   html += fmt::format("<script type=\"application/json\" id=\"run-data\">{}</script>\n",
                       json_for_script({{"charts", specs}}));
-  html += fmt::format("<script>{}</script>\n</body>\n</html>\n", kPageScript);
+  html += fmt::format("<script>\n{}</script>\n</body>\n</html>\n", report::page_script());
   return html;
 }
 
