@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "apps/option_names.h"
 #include "tandem/comm/backend.h"
 #include "tandem/config.h"
 #include "tandem/util/error.h"
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; every wrong command line exits 2, like the InvalidArgument errors below.
     return cli.exit(error) == 0 ? 0 : 2;
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "tandem: error: %s\n", error.what());
+    std::fprintf(stderr, "tandem: error: %s\n", app::with_flag_names(error.what()).c_str());
     return 2;
   }
   try {
@@ -63,11 +64,12 @@ int main(int argc, char** argv) {
     }
     return 2;
   } catch (const InvalidArgument& error) {
-    log::write("error: ", error.what());
+    // The library names the options it refuses (`device`); the user typed flags (--device).
+    log::write("error: ", app::with_flag_names(error.what()));
     comm::abort_job_after_error(2);
     return 2;
   } catch (const std::exception& error) {
-    log::write("error: ", error.what());
+    log::write("error: ", app::with_flag_names(error.what()));
     comm::abort_job_after_error(1);
     return 1;
   }
