@@ -20,10 +20,10 @@ void require_autocast(const torch::Device& device, torch::ScalarType dtype) {
   const std::string where = fmt::format("autocast to {} on {} with LibTorch {}", dtype_name(dtype), device.str(),
                                         TORCH_VERSION);
   if (!compat::autocast_knows(device.type())) {
-    throw UnsupportedError(where + ": tandem runs autocast on cpu and cuda only; use --precision 32 there");
+    throw UnsupportedError(where + ": tandem runs autocast on cpu and cuda only; use `precision` 32 there");
   }
   if (!compat::autocast_can_run(device.type(), dtype)) {
-    throw UnsupportedError(where + " is not supported (1.13's CPU autocast knows only bfloat16): use --precision "
+    throw UnsupportedError(where + " is not supported (1.13's CPU autocast knows only bfloat16): use `precision` "
                                    "bf16-mixed, or a LibTorch 2.x build");
   }
   torch::ScalarType produced = torch::kFloat32;
@@ -32,11 +32,11 @@ void require_autocast(const torch::Device& device, torch::ScalarType dtype) {
     const torch::Tensor a = torch::ones({2, 2}, torch::TensorOptions().device(device));
     produced = torch::mm(a, a).scalar_type();
   } catch (const c10::Error& error) {
-    throw UnsupportedError(where + " failed: " + error.what_without_backtrace() + "; use --precision 32");
+    throw UnsupportedError(where + " failed: " + error.what_without_backtrace() + "; use `precision` 32");
   }
   if (produced != dtype) {
     throw UnsupportedError(fmt::format("{}: a matrix product came out as {}, so LibTorch would train in float32; "
-                                       "use --precision 32",
+                                       "use `precision` 32",
                                        where, c10::toString(produced)));
   }
 }

@@ -143,8 +143,8 @@ void Communicator::report_connect_failure(const std::string& backend_message) {
 void Communicator::check_device(const torch::Tensor& tensor, const std::string& operation) const {
   const auto& wanted = capabilities_.tensor_device;
   if (!wanted || tensor.device().type() == *wanted) return;
-  const std::string advice = *wanted == torch::kCUDA ? "move them to the GPU (--device cuda) or use --backend gloo"
-                                                     : "move them to the CPU or use --backend nccl";
+  const std::string advice = *wanted == torch::kCUDA ? "move them to the GPU (`device` cuda) or use `backend` gloo"
+                                                     : "move them to the CPU or use `backend` nccl";
   throw UnsupportedError(fmt::format("backend {} does not support {} tensors in {}; {}", backend_name_,
                                      tensor.device().str(), operation, advice));
 }

@@ -41,7 +41,7 @@ StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves,
     if (serve) {
       throw CommError(fmt::format(
           "rank 0 could not open the rendezvous port {}:{} ({}); is another job using it? pick a free "
-          "--master-port or pass 0 to `tandem run` to choose one",
+          "`master_port` or pass 0 to `tandem run` to choose one",
           host, port, error.what()));
     }
     throw CommError(fmt::format(

@@ -17,7 +17,7 @@ void verify_ranks_hold_same_data(comm::Communicator& communicator, const Dataset
   const std::vector<std::string> all = comm::all_gather_strings(communicator, mine);
   if (std::all_of(all.begin(), all.end(), [&](const std::string& value) { return value == all.front(); })) return;
   throw InvalidArgument(fmt::format("the ranks' {} differ: {}; every rank must read the same data set (the same "
-                                    "files, flags and --data contents on every node)",
+                                    "files, flags and `dir` contents on every node)",
                                     what, comm::describe_rank_groups(all)));
 }
 

@@ -30,8 +30,8 @@ DataFolder open_mnist_files(const DataFolderOptions& o) {
   d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, normalization, d.num_classes);
   const int64_t side = train_set->images().size(2);
   if (o.image_size != 0 && o.image_size != side) {
-    throw InvalidArgument(fmt::format("--image-size {}: {} holds MNIST files of {}x{} images, which are used as "
-                                      "they are; drop --image-size, or export an image folder (tandem "
+    throw InvalidArgument(fmt::format("`image_size` {}: {} holds MNIST files of {}x{} images, which are used as "
+                                      "they are; drop `image_size`, or export an image folder (tandem "
                                       "export-images DIR) to train at another size",
                                       o.image_size, o.dir, side, side));
   }
@@ -71,7 +71,7 @@ DataFolder open_data_folder(DataFolderOptions& options) {
   if (has_mnist_files(options.dir)) return open_mnist_files(options);
   if (is_image_folder(options.dir)) return open_image_folder(options);
   throw InvalidArgument(fmt::format(
-      "--data {} {}; expected MNIST files (train-images-idx3-ubyte[.gz] and the other three) or an image folder "
+      "`dir` {} {}; expected MNIST files (train-images-idx3-ubyte[.gz] and the other three) or an image folder "
       "(one sub-folder of .jpg/.png images per class)",
       options.dir, std::filesystem::exists(options.dir) ? "holds neither" : "does not exist"));
 }

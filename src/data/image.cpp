@@ -19,7 +19,7 @@ constexpr int kMaxHuffmanCodes = 256;
 
 [[noreturn]] void fail_decode(const std::string& path, const std::string& reason) {
   throw InvalidArgument("cannot decode image " + path + " (" + reason +
-                        "); fix or remove the file, or skip unreadable images (--skip-bad-images)");
+                        "); fix or remove the file, or skip unreadable images (`skip_bad_images`)");
 }
 
 // stb_image 2.27 (Debian's libstb) trusts the code counts of a JPEG Huffman table and stores one entry per code

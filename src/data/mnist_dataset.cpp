@@ -33,7 +33,7 @@ std::string find_file(const std::string& dir, const std::string& stem, const std
   if (!path.empty()) return path;
   const std::string dashed = (std::filesystem::path(dir) / (stem + "-" + kind + "-ubyte")).string();
   throw InvalidArgument(detail::concat("MNIST ", what, " not found: ", dashed,
-                                       "[.gz] does not exist; point --data at a folder with MNIST-format files"));
+                                       "[.gz] does not exist; point `dir` at a folder with MNIST-format files"));
 }
 
 std::string lowercase(std::string text) {
@@ -73,8 +73,8 @@ Normalization parse_normalization(const std::string& text) {
     result.std = std::strtod(std_text.c_str(), &end);
     ok = ok && !std_text.empty() && *end == '\0';
   }
-  if (!ok) throw InvalidArgument("--normalize expects MEAN,STD (e.g. 0.2860,0.3530), got '" + text + "'");
-  if (!(result.std > 0)) throw InvalidArgument("--normalize: std must be > 0, got '" + text + "'");
+  if (!ok) throw InvalidArgument("`normalization` expects MEAN,STD (e.g. 0.2860,0.3530), got '" + text + "'");
+  if (!(result.std > 0)) throw InvalidArgument("`normalization`: std must be > 0, got '" + text + "'");
   return result;
 }
 
@@ -109,7 +109,7 @@ MnistDataset::MnistDataset(const std::string& dir, MnistSplit split, Normalizati
     throw InvalidArgument(detail::concat(
         labels_path_, ": label ", int{*out_of_range}, " at index ", out_of_range - labels.values.begin(),
         " is outside the ", num_classes, " classes 0-", num_classes - 1,
-        "; the file is damaged (download it again), or pass --num-classes if the data has more classes"));
+        "; the file is damaged (download it again), or pass `num_classes` if the data has more classes"));
   }
   const int64_t rows = images.dims[1];
   const int64_t cols = images.dims[2];

@@ -36,8 +36,8 @@ void require_backend_reduces(const std::string& name, comm::Communicator& commun
   try {
     comm::all_reduce_values(communicator, probe, comm::ReduceOp::Sum);
   } catch (const UnsupportedError&) {
-    throw InvalidArgument(fmt::format("--comm-hook {} needs a backend that reduces {}, and {} in this build does not; "
-                                      "use --comm-hook {}, or a LibTorch 2.x build",
+    throw InvalidArgument(fmt::format("`comm_hook` {} needs a backend that reduces {}, and {} in this build does not; "
+                                      "use `comm_hook` {}, or a LibTorch 2.x build",
                                       name, name == "fp16" ? "float16" : "bfloat16", communicator.backend_name(),
                                       name == "fp16" ? "bf16" : "fp16"));
   }

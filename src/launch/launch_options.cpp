@@ -29,7 +29,7 @@ std::vector<int> parse_gpu_list(const std::string& text) {
     std::string entry = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (entry.empty() || entry.size() > 6 || entry.find_first_not_of("0123456789") != std::string::npos) {
       throw InvalidArgument(
-          fmt::format("--gpus '{}': '{}' is not a GPU index; list them like --gpus 0,1 or --gpus 2,7", text, entry));
+          fmt::format("`gpus` '{}': '{}' is not a GPU index; list them like `gpus` 0,1 or `gpus` 2,7", text, entry));
     }
     gpus.push_back(std::stoi(entry));
     if (comma == std::string::npos) return gpus;
@@ -79,9 +79,9 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
   }
   plan.command = options.command;
 
-  if (options.nnodes < 1) throw InvalidArgument(fmt::format("--nnodes must be at least 1, got {}", options.nnodes));
+  if (options.nnodes < 1) throw InvalidArgument(fmt::format("`nnodes` must be at least 1, got {}", options.nnodes));
   if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
-    throw InvalidArgument(fmt::format("--node-rank {} is outside 0..{} for --nnodes {}", options.node_rank,
+    throw InvalidArgument(fmt::format("`node_rank` {} is outside 0..{} for `nnodes` {}", options.node_rank,
                                       options.nnodes - 1, options.nnodes));
   }
   plan.nnodes = options.nnodes;
@@ -89,67 +89,67 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
 
   std::set<int> seen;
   for (int gpu : options.gpus) {
-    if (gpu < 0) throw InvalidArgument(fmt::format("--gpus lists {}, but GPU indices start at 0", gpu));
-    if (!seen.insert(gpu).second) throw InvalidArgument(fmt::format("--gpus lists GPU {} twice", gpu));
+    if (gpu < 0) throw InvalidArgument(fmt::format("`gpus` lists {}, but GPU indices start at 0", gpu));
+    if (!seen.insert(gpu).second) throw InvalidArgument(fmt::format("`gpus` lists GPU {} twice", gpu));
   }
   plan.gpus = options.gpus;
   const int default_nproc = !plan.gpus.empty() ? static_cast<int>(plan.gpus.size()) : std::max(gpu_count, 1);
   plan.nproc_per_node = options.nproc_per_node.value_or(default_nproc);
   if (plan.nproc_per_node < 1) {
-    throw InvalidArgument(fmt::format("--nproc-per-node must be at least 1, got {}", plan.nproc_per_node));
+    throw InvalidArgument(fmt::format("`nproc_per_node` must be at least 1, got {}", plan.nproc_per_node));
   }
   if (!plan.gpus.empty() && plan.nproc_per_node > static_cast<int>(plan.gpus.size())) {
     throw InvalidArgument(fmt::format(
-        "--nproc-per-node {} asks for more ranks than the {} GPU(s) listed in --gpus {}; list more GPUs or "
+        "`nproc_per_node` {} asks for more ranks than the {} GPU(s) listed in `gpus` {}; list more GPUs or "
         "start fewer ranks per node",
         plan.nproc_per_node, plan.gpus.size(), fmt::join(plan.gpus, ",")));
   }
 
   if (plan.nnodes > 1 && !options.master_addr) {
     throw InvalidArgument(fmt::format(
-        "--nnodes {} needs --master-addr: the host of node 0, the same on every node", plan.nnodes));
+        "`nnodes` {} needs `master_addr`: the host of node 0, the same on every node", plan.nnodes));
   }
   plan.master_addr = options.master_addr.value_or("127.0.0.1");
-  if (plan.master_addr.empty()) throw InvalidArgument("--master-addr must not be empty");
+  if (plan.master_addr.empty()) throw InvalidArgument("`master_addr` must not be empty");
   if (plan.nnodes == 1 && !is_ipv4_loopback(plan.master_addr)) {
     throw InvalidArgument(fmt::format(
-        "--master-addr {} with --nnodes 1: the rendezvous of one node stays on this machine; give a loopback "
-        "address such as 127.0.0.1, or leave --master-addr out",
+        "`master_addr` {} with `nnodes` 1: the rendezvous of one node stays on this machine; give a loopback "
+        "address such as 127.0.0.1, or leave `master_addr` out",
         plan.master_addr));
   }
 
   const int port = options.master_port.value_or(0);
-  if (port < 0 || port > 65535) throw InvalidArgument(fmt::format("--master-port {} is outside 0..65535", port));
+  if (port < 0 || port > 65535) throw InvalidArgument(fmt::format("`master_port` {} is outside 0..65535", port));
   if (port != 0 || plan.nnodes == 1) {
     plan.master_port = port;
   } else if (!options.master_port) {
     plan.master_port = comm::kDefaultMasterPort;
   } else {
     throw InvalidArgument(fmt::format(
-        "--master-port 0 picks a port on this machine only, but --nnodes {} needs every node to name the same "
+        "`master_port` 0 picks a port on this machine only, but `nnodes` {} needs every node to name the same "
         "port; pass one explicitly (or leave it out for {})",
         plan.nnodes, comm::kDefaultMasterPort));
   }
 
-  if (options.grace_period.count() < 0) throw InvalidArgument("--grace-period must not be negative");
+  if (options.grace_period.count() < 0) throw InvalidArgument("`grace_period` must not be negative");
   plan.grace_period = options.grace_period;
 
   if (options.max_restarts < 0) {
-    throw InvalidArgument(fmt::format("--max-restarts must not be negative, got {}", options.max_restarts));
+    throw InvalidArgument(fmt::format("`max_restarts` must not be negative, got {}", options.max_restarts));
   }
   // Each node's launcher restarts only its own workers, and the ranks of other nodes would meet the restarted
   // ones in the store of an attempt that is over: the nodes would have to agree on every restart first.
   if (options.max_restarts > 0 && plan.nnodes > 1) {
     throw InvalidArgument(fmt::format(
-        "--max-restarts {} with --nnodes {}: tandem run restarts the workers of one node only; restart a "
-        "multi-node job from outside (or run it with --nnodes 1)",
+        "`max_restarts` {} with `nnodes` {}: tandem run restarts the workers of one node only; restart a "
+        "multi-node job from outside (or run it with `nnodes` 1)",
         options.max_restarts, plan.nnodes));
   }
   plan.max_restarts = options.max_restarts;
   plan.log_dir = options.log_dir;
   if (!options.run_id.empty() && !is_folder_name(options.run_id)) {
     throw InvalidArgument(fmt::format(
-        "--run-id '{}' names the run's folder under runs/: use letters, digits, '.', '_' and '-' only",
+        "`run_id` '{}' names the run's folder under runs/: use letters, digits, '.', '_' and '-' only",
         options.run_id));
   }
   plan.run_id = options.run_id.empty() ? fresh_run_id() : options.run_id;

@@ -33,11 +33,11 @@ std::pair<int, int> listen_on(const std::string& address, int port) {
     const int error = errno;
     ::close(fd);
     if (port == 0) {
-      throw CommError(fmt::format("cannot bind a free port of {} for the rendezvous store: {}; pass --master-port",
+      throw CommError(fmt::format("cannot bind a free port of {} for the rendezvous store: {}; pass `master_port`",
                                   address, std::strerror(error)));
     }
-    throw CommError(fmt::format("--master-port {} cannot be bound on {} ({}); is another job using it? pick "
-                                "another, or leave --master-port out for a free one",
+    throw CommError(fmt::format("`master_port` {} cannot be bound on {} ({}); is another job using it? pick "
+                                "another, or leave `master_port` out for a free one",
                                 port, address, std::strerror(error)));
   }
   return {fd, ntohs(bound.sin_port)};

@@ -157,7 +157,7 @@ TimelineSummary read_timeline(const std::string& path) {
 RunRecords read_run_records(const std::string& run_dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(run_dir)) {
-    throw InvalidArgument(fmt::format("run directory {} not found: give the folder tandem train wrote (--run-dir, "
+    throw InvalidArgument(fmt::format("run directory {} not found: give the folder tandem train wrote (`run_dir`, "
                                       "or one under runs/)",
                                       run_dir));
   }

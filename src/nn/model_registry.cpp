@@ -50,7 +50,7 @@ std::vector<std::string> freeze_all_but_head(Model& model) {
     item.value().requires_grad_(in_head);
     if (in_head) trainable.push_back(item.key());
   }
-  if (trainable.empty()) throw InvalidArgument("--freeze-layers would freeze every parameter of this model");
+  if (trainable.empty()) throw InvalidArgument("`freeze_layers` would freeze every parameter of this model");
   return trainable;
 }
 

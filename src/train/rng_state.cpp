@@ -78,7 +78,7 @@ void restore_generators(const torch::Tensor& states, const std::vector<torch::De
   }
   if (states.size(0) != static_cast<int64_t>(devices.size())) {
     throw InvalidArgument(fmt::format("the checkpoint holds the random generators of {} device{}, but this run "
-                                      "draws from {}; resume on as many devices (--dp-replicas) as the run had",
+                                      "draws from {}; resume on as many devices (`dp_devices`) as the run had",
                                       states.size(0), states.size(0) == 1 ? "" : "s", devices.size()));
   }
   for (size_t d = 0; d < devices.size(); ++d) {

@@ -120,7 +120,7 @@ std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_
   }
   if (damaged.empty()) return std::nullopt;
   throw InvalidArgument(fmt::format("every checkpoint in {} is damaged (the newest: {}); start a new run in another "
-                                    "--run-dir",
+                                    "`run_dir`",
                                     run_dir, damaged.front().second));
 }
 

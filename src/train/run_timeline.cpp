@@ -27,7 +27,7 @@ RunTimeline::RunTimeline(std::string trace_path, monitor::StepWindow window, std
     if (!is_main) return;
     const std::filesystem::path folder = std::filesystem::absolute(trace_path_).parent_path();
     if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0) {
-      throw InvalidArgument(fmt::format("--timeline {}: cannot write into {}; create it or choose another file",
+      throw InvalidArgument(fmt::format("`timeline_path` {}: cannot write into {}; create it or choose another file",
                                         trace_path_, folder.string()));
     }
   });

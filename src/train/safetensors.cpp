@@ -288,7 +288,7 @@ LoadReport load_weights(torch::nn::Module& module, const TensorFile& file, const
     std::string what;
     for (const auto& s : report.skipped) what += (what.empty() ? "" : ", ") + ("unused " + s);
     for (const auto& m : report.missing) what += (what.empty() ? "" : ", ") + ("missing " + m);
-    throw InvalidArgument(path + ": does not match the model exactly (--strict): " + what);
+    throw InvalidArgument(path + ": does not match the model exactly (`strict`): " + what);
   }
   if (report.loaded.empty() && !targets.empty()) {
     throw InvalidArgument(detail::concat(

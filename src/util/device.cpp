@@ -21,18 +21,18 @@ int visible_gpu_count() { return cuda_built() ? static_cast<int>(torch::cuda::de
 torch::Device select_device(const std::string& spec, int local_rank) {
   if (spec == "cpu") return torch::kCPU;
   if (spec != "cuda" && spec != "auto") {
-    throw InvalidArgument(fmt::format("--device '{}' is not a device; use cpu, cuda or auto", spec));
+    throw InvalidArgument(fmt::format("`device` '{}' is not a device; use cpu, cuda or auto", spec));
   }
   const int gpus = visible_gpu_count();
   if (spec == "auto" && gpus == 0) return torch::kCPU;
   if (!cuda_built()) {
     throw InvalidArgument(
-        "--device cuda: this tandem was built against a CPU-only LibTorch; rebuild against a LibTorch with CUDA "
-        "(scripts/build --libtorch pypi) or use --device cpu");
+        "`device` cuda: this tandem was built against a CPU-only LibTorch; rebuild against a LibTorch with CUDA "
+        "(scripts/build --libtorch pypi) or use `device` cpu");
   }
   if (gpus == 0) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw InvalidArgument(fmt::format("--device cuda: no CUDA GPU is visible on this machine{}; use --device cpu",
+    throw InvalidArgument(fmt::format("`device` cuda: no CUDA GPU is visible on this machine{}; use `device` cpu",
                                       visible ? fmt::format(" (CUDA_VISIBLE_DEVICES='{}')", visible) : ""));
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));

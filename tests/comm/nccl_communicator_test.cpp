@@ -54,7 +54,7 @@ TEST(NcclBackend, RefusesMoreRanksOnTheNodeThanGpus) {
   const std::string message = error_of(
       [&] { comm::make_communicator("nccl", store, layout, std::chrono::seconds(5), torch::Device(torch::kCUDA, 0)); });
   const std::string expected = visible_gpu_count() == 0
-                                   ? "backend nccl needs a CUDA GPU, and none is visible; use --backend gloo"
+                                   ? "backend nccl needs a CUDA GPU, and none is visible; use `backend` gloo"
                                    : "and NCCL runs one rank per GPU";
   EXPECT_NE(message.find(expected), std::string::npos) << message;
 }

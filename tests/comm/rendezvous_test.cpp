@@ -54,7 +54,7 @@ TEST(Rendezvous, BusyPortIsNamedInTheError) {
   } catch (const CommError& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("127.0.0.1:" + std::to_string(busy.port())), std::string::npos) << message;
-    EXPECT_NE(message.find("--master-port"), std::string::npos) << message;
+    EXPECT_NE(message.find("`master_port`"), std::string::npos) << message;
   }
 }
 

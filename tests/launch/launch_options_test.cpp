@@ -77,48 +77,48 @@ TEST(PlanLaunch, RejectsImpossibleLayouts) {
   options = with_command();
   options.gpus = {2, 7};
   options.nproc_per_node = 3;
-  expect_invalid(options, 8, "--nproc-per-node 3 asks for more ranks than the 2 GPU(s) listed in --gpus 2,7");
+  expect_invalid(options, 8, "`nproc_per_node` 3 asks for more ranks than the 2 GPU(s) listed in `gpus` 2,7");
 
   options = with_command();
   options.nnodes = 2;
   options.node_rank = 2;
   options.master_addr = "head";
-  expect_invalid(options, 0, "--node-rank 2 is outside 0..1");
+  expect_invalid(options, 0, "`node_rank` 2 is outside 0..1");
 
   options = with_command();
   options.nnodes = 2;
-  expect_invalid(options, 0, "needs --master-addr");
+  expect_invalid(options, 0, "needs `master_addr`");
 
   options = with_command();
   options.nnodes = 2;
   options.master_addr = "head";
   options.master_port = 0;
-  expect_invalid(options, 0, "--master-port 0 picks a port on this machine only");
+  expect_invalid(options, 0, "`master_port` 0 picks a port on this machine only");
 
   options = with_command();
   options.master_port = 70000;
-  expect_invalid(options, 0, "--master-port 70000");
+  expect_invalid(options, 0, "`master_port` 70000");
 
   // One node's store stays on this machine.
   for (const std::string address : {"10.0.0.1", "0.0.0.0", "localhost", "::1"}) {
     options = with_command();
     options.master_addr = address;
-    expect_invalid(options, 0, "--master-addr " + address + " with --nnodes 1");
+    expect_invalid(options, 0, "`master_addr` " + address + " with `nnodes` 1");
   }
 
   options = with_command();
   options.nproc_per_node = 0;
-  expect_invalid(options, 0, "--nproc-per-node must be at least 1");
+  expect_invalid(options, 0, "`nproc_per_node` must be at least 1");
 
   options = with_command();
   options.max_restarts = -1;
-  expect_invalid(options, 0, "--max-restarts must not be negative");
+  expect_invalid(options, 0, "`max_restarts` must not be negative");
 
   options = with_command();
   options.nnodes = 2;
   options.master_addr = "head";
   options.max_restarts = 1;
-  expect_invalid(options, 0, "--max-restarts 1 with --nnodes 2");
+  expect_invalid(options, 0, "`max_restarts` 1 with `nnodes` 2");
 
   options = with_command();
   options.gpus = {1, 1};

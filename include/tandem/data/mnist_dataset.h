@@ -33,7 +33,7 @@ inline constexpr Normalization kMnistNormalization{0.1307, 0.3081};
 // Guesses from the folder name: a path containing "fashion" (any case) gets Fashion-MNIST's statistics, else one
 // containing "mnist" gets MNIST's, else Fashion-MNIST's (tandem's default data set).
 Normalization guess_normalization(const std::string& dir);
-// Parses "MEAN,STD" (the --normalize flag); throws InvalidArgument for anything else or std <= 0.
+// Parses "MEAN,STD" (DataFolderOptions::normalization as text); throws InvalidArgument for anything else or std <= 0.
 Normalization parse_normalization(const std::string& text);
 
 class MnistDataset : public TensorDataset {

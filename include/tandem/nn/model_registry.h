@@ -24,7 +24,7 @@ struct ModelOptions {
 struct Model {
   // forward(images [N, C, H, W]) -> logits [N, num_classes].
   torch::nn::AnyModule module;
-  // Parameter name prefixes of the classifier head: what --freeze-layers leaves trainable.
+  // Parameter name prefixes of the classifier head: what freeze_all_but_head() leaves trainable.
   std::vector<std::string> head_prefixes;
 };
 

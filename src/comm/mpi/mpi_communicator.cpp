@@ -79,7 +79,7 @@ MpiCommunicator::MpiCommunicator(const RankLayout& layout, std::chrono::millisec
   if (mpi_rank != layout.rank || mpi_size != layout.world_size) {
     throw InvalidArgument(fmt::format(
         "MPI reports rank {} of {} but the rank layout (from {}) says rank {} of {}; start the mpi backend with "
-        "`mpirun -np N` (or srun), not `tandem run`, or use --backend gloo",
+        "`mpirun -np N` (or srun), not `tandem run`, or use `backend` gloo",
         mpi_rank, mpi_size, layout.source, layout.rank, layout.world_size));
   }
   // Collective over MPI_COMM_WORLD: every rank constructs its communicator at the same point.

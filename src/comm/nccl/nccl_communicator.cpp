@@ -18,10 +18,10 @@ constexpr std::chrono::milliseconds kWatchdogGrace = 2 * CollectiveTracker::kDia
 // Checked before any NCCL call, so that the user reads why instead of NCCL's "duplicate GPU detected".
 torch::Device checked_device(const RankLayout& layout, torch::Device device) {
   const int visible = visible_gpu_count();
-  if (visible == 0) throw InvalidArgument("backend nccl needs a CUDA GPU, and none is visible; use --backend gloo");
+  if (visible == 0) throw InvalidArgument("backend nccl needs a CUDA GPU, and none is visible; use `backend` gloo");
   if (layout.local_world_size > visible) {
     throw InvalidArgument(fmt::format("backend nccl: {} ranks on this node but only {} visible GPU(s), and NCCL "
-                                      "runs one rank per GPU; start at most {} per node, or use --backend gloo to "
+                                      "runs one rank per GPU; start at most {} per node, or use `backend` gloo to "
                                       "share GPUs",
                                       layout.local_world_size, visible, visible));
   }
