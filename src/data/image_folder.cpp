@@ -6,68 +6,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <mutex>
-#include <thread>
 
 #include "tandem/data/image.h"
+#include "tandem/data/worker_pool.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
 #include "tandem/util/atomic_file.h"
-#include "tandem/util/task_queue.h"
 
 namespace tandem::data {
 namespace fs = std::filesystem;
-
-namespace detail {
-
-// A few long-lived threads that run parallel_for calls; several callers may use the pool at once (a loader's
-// prefetch thread and the training thread), each waiting only for its own items.
-class WorkerPool {
- public:
-  explicit WorkerPool(int threads) {
-    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { tasks_.run_until_stopped(); });
-  }
-  ~WorkerPool() {
-    tasks_.stop();
-    for (auto& thread : threads_) thread.join();
-  }
-
-  // Runs fn(i) for every i in [0, count) on the pool and the calling thread; returns when all are done.
-  // fn must not throw (callers record failures per item).
-  void parallel_for(int64_t count, const std::function<void(int64_t)>& fn) {
-    struct Job {
-      std::atomic<int64_t> next{0};
-      int64_t done = 0;
-      std::mutex mutex;
-      std::condition_variable finished;
-    };
-    auto job = std::make_shared<Job>();
-    auto drain = [job, count, &fn] {
-      int64_t mine = 0;
-      for (int64_t i = job->next++; i < count; i = job->next++, ++mine) fn(i);
-      // Count only after the loop: fn is the caller's, which lives until every item is done.
-      std::lock_guard<std::mutex> lock(job->mutex);
-      job->done += mine;
-      if (job->done == count) job->finished.notify_all();
-    };
-    const int64_t helpers = std::min<int64_t>(static_cast<int64_t>(threads_.size()), count - 1);
-    for (int64_t h = 0; h < helpers; ++h) tasks_.push(drain);
-    drain();
-    std::unique_lock<std::mutex> lock(job->mutex);
-    job->finished.wait(lock, [&] { return job->done == count; });
-  }
-
- private:
-  TaskQueue tasks_;
-  std::vector<std::thread> threads_;
-};
-
-}  // namespace detail
 
 namespace {
 
@@ -220,9 +170,10 @@ ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFo
         options_.transform.max_crop_scale <= 1)) {
     throw InvalidArgument("crop scale range must satisfy 0 < min <= max <= 1");
   }
-  pool_ = std::make_unique<detail::WorkerPool>(std::max(0, options_.num_threads - 1));
+  pool_ = std::make_unique<WorkerPool>(std::max(0, options_.num_threads - 1));
 }
 
+// Out of line: WorkerPool is complete only here.
 ImageFolderDataset::~ImageFolderDataset() = default;
 
 uint64_t ImageFolderDataset::fingerprint() const {

@@ -1,7 +1,7 @@
 #pragma once
 // An image-classification data set laid out as one sub-folder of JPEG/PNG files per class (the flower_photos
 // layout), split into train and validation sets as the seeds' read_split_data does, decoded and augmented in
-// worker threads.
+// worker threads (worker_pool.h).
 #include <torch/torch.h>
 
 #include <array>
@@ -68,9 +68,7 @@ struct ImageFolderOptions {
   uint64_t seed = 0;
 };
 
-namespace detail {
 class WorkerPool;
-}
 
 class ImageFolderDataset : public Dataset {
  public:
@@ -102,7 +100,7 @@ class ImageFolderDataset : public Dataset {
 
   std::vector<ImageSample> samples_;
   ImageFolderOptions options_;
-  std::unique_ptr<detail::WorkerPool> pool_;
+  std::unique_ptr<WorkerPool> pool_;
   std::atomic<int64_t> epoch_{0};
   mutable std::atomic<int64_t> skipped_{0};
 };
