@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "tandem/data/image.h"
+#include "tandem/data/seeded_random.h"
 #include "tandem/data/worker_pool.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
@@ -20,31 +21,6 @@ namespace tandem::data {
 namespace fs = std::filesystem;
 
 namespace {
-
-// SplitMix64: a tiny, portable generator, so splits and augmentations are the same on every platform
-// (std::uniform_*_distribution is implementation-defined).
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-class Random {
- public:
-  explicit Random(std::initializer_list<uint64_t> keys) {
-    for (uint64_t key : keys) {
-      state_ ^= key;
-      splitmix64(state_);
-    }
-  }
-  uint64_t next() { return splitmix64(state_); }
-  double uniform(double low, double high) { return low + (high - low) * (next() >> 11) * 0x1.0p-53; }
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-
- private:
-  uint64_t state_ = 0x243F6A8885A308D3ULL;
-};
 
 bool is_image_file(const fs::path& path) {
   std::string ext = path.extension().string();
@@ -59,7 +35,7 @@ struct Region {
 
 // torchvision's RandomResizedCrop.get_params: ten tries at a random area and aspect ratio, else a center crop
 // with the aspect ratio clamped.
-Region random_resized_crop(int width, int height, const ImageTransformOptions& t, Random& random) {
+Region random_resized_crop(int width, int height, const ImageTransformOptions& t, SeededRandom& random) {
   const double area = static_cast<double>(width) * height;
   const double log_low = std::log(3.0 / 4.0), log_high = std::log(4.0 / 3.0);
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -125,7 +101,7 @@ ImageFolderSplit read_split_data(const std::string& root, double val_split, uint
     const auto val_count = static_cast<int64_t>(std::floor(files.size() * val_split));
     std::vector<int64_t> order(files.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-    Random random{seed, static_cast<uint64_t>(label)};
+    SeededRandom random{seed, static_cast<uint64_t>(label)};
     std::vector<bool> is_val(files.size(), false);
     for (int64_t i = 0; i < val_count; ++i) {
       const int64_t j = i + random.below(static_cast<int64_t>(files.size()) - i);
@@ -188,7 +164,7 @@ uint64_t ImageFolderDataset::fingerprint() const {
 void ImageFolderDataset::load_into(int64_t index, float* out) const {
   const ImageTransformOptions& t = options_.transform;
   const Image image = read_image(samples_[index].path);
-  Random random{options_.seed, static_cast<uint64_t>(epoch_.load()), static_cast<uint64_t>(index)};
+  SeededRandom random{options_.seed, static_cast<uint64_t>(epoch_.load()), static_cast<uint64_t>(index)};
   const Region region =
       t.train ? random_resized_crop(image.width, image.height, t, random) : center_crop(image.width, image.height, t);
   const bool flip = t.train && t.horizontal_flip && (random.next() & 1);
