@@ -1,7 +1,5 @@
 #include "tandem/data/image_folder.h"
 
-#include <stb/stb_image_resize.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -26,45 +24,6 @@ bool is_image_file(const fs::path& path) {
   std::string ext = path.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
-}
-
-// A crop of the source image in pixel coordinates (fractional: resizing samples it exactly).
-struct Region {
-  double x0, y0, width, height;
-};
-
-// torchvision's RandomResizedCrop.get_params: ten tries at a random area and aspect ratio, else a center crop
-// with the aspect ratio clamped.
-Region random_resized_crop(int width, int height, const ImageTransformOptions& t, SeededRandom& random) {
-  const double area = static_cast<double>(width) * height;
-  const double log_low = std::log(3.0 / 4.0), log_high = std::log(4.0 / 3.0);
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target_area = area * random.uniform(t.min_crop_scale, t.max_crop_scale);
-    const double aspect = std::exp(random.uniform(log_low, log_high));
-    const int64_t w = std::llround(std::sqrt(target_area * aspect));
-    const int64_t h = std::llround(std::sqrt(target_area / aspect));
-    if (w > 0 && h > 0 && w <= width && h <= height) {
-      const int64_t y = random.below(height - h + 1), x = random.below(width - w + 1);
-      return {static_cast<double>(x), static_cast<double>(y), static_cast<double>(w), static_cast<double>(h)};
-    }
-  }
-  const double ratio = static_cast<double>(width) / height;
-  double w = width, h = height;
-  if (ratio < 3.0 / 4.0) {
-    h = std::round(w / (3.0 / 4.0));
-  } else if (ratio > 4.0 / 3.0) {
-    w = std::round(h * (4.0 / 3.0));
-  }
-  return {(width - w) / 2, (height - h) / 2, w, h};
-}
-
-// Resize(shorter side -> image_size * resize_ratio) then CenterCrop(image_size), as one region of the source.
-Region center_crop(int width, int height, const ImageTransformOptions& t) {
-  const double resized_short = std::max<double>(1.0, std::round(t.image_size * t.resize_ratio));
-  const double scale = resized_short / std::min(width, height);  // resized pixels per source pixel
-  const double w = std::min<double>(width, t.image_size / scale);
-  const double h = std::min<double>(height, t.image_size / scale);
-  return {(width - w) / 2, (height - h) / 2, w, h};
 }
 
 }  // namespace
@@ -141,11 +100,7 @@ std::vector<std::string> read_class_list(const std::string& path) {
 
 ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFolderOptions options)
     : samples_(std::move(samples)), options_(std::move(options)) {
-  if (options_.transform.image_size < 1) throw InvalidArgument("image_size must be at least 1");
-  if (!(options_.transform.min_crop_scale > 0 && options_.transform.min_crop_scale <= options_.transform.max_crop_scale &&
-        options_.transform.max_crop_scale <= 1)) {
-    throw InvalidArgument("crop scale range must satisfy 0 < min <= max <= 1");
-  }
+  check_image_transform_options(options_.transform);
   pool_ = std::make_unique<WorkerPool>(std::max(0, options_.num_threads - 1));
 }
 
@@ -162,34 +117,10 @@ uint64_t ImageFolderDataset::fingerprint() const {
 }
 
 void ImageFolderDataset::load_into(int64_t index, float* out) const {
-  const ImageTransformOptions& t = options_.transform;
   const Image image = read_image(samples_[index].path);
+  // Keyed by (seed, epoch, index) alone, so the draws do not depend on the thread, the batch or the rank.
   SeededRandom random{options_.seed, static_cast<uint64_t>(epoch_.load()), static_cast<uint64_t>(index)};
-  const Region region =
-      t.train ? random_resized_crop(image.width, image.height, t, random) : center_crop(image.width, image.height, t);
-  const bool flip = t.train && t.horizontal_flip && (random.next() & 1);
-
-  const int size = static_cast<int>(t.image_size);
-  std::vector<uint8_t> resized(static_cast<size_t>(size) * size * 3);
-  // Triangle filter in linear space: bilinear, widened when shrinking (PIL's antialiased bilinear).
-  const int ok = stbir_resize_region(
-      image.pixels.data(), image.width, image.height, 0, resized.data(), size, size, 0, STBIR_TYPE_UINT8, 3,
-      STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE, STBIR_FILTER_TRIANGLE,
-      STBIR_COLORSPACE_LINEAR, nullptr, region.x0 / image.width, region.y0 / image.height,
-      (region.x0 + region.width) / image.width, (region.y0 + region.height) / image.height);
-  TANDEM_CHECK(ok, "stbir_resize_region failed for ", samples_[index].path);
-
-  const int64_t plane = static_cast<int64_t>(size) * size;
-  for (int c = 0; c < 3; ++c) {
-    const float scale = 1.0f / (255.0f * t.std[c]), shift = -t.mean[c] / t.std[c];
-    float* dst = out + c * plane;
-    for (int y = 0; y < size; ++y) {
-      for (int x = 0; x < size; ++x) {
-        const int src_x = flip ? size - 1 - x : x;
-        dst[y * size + x] = resized[(static_cast<size_t>(y) * size + src_x) * 3 + c] * scale + shift;
-      }
-    }
-  }
+  transform_image(image, options_.transform, random, out);
 }
 
 torch::Tensor ImageFolderDataset::get_image(int64_t index) const {

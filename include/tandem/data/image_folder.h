@@ -1,10 +1,9 @@
 #pragma once
 // An image-classification data set laid out as one sub-folder of JPEG/PNG files per class (the flower_photos
-// layout), split into train and validation sets as the seeds' read_split_data does, decoded and augmented in
-// worker threads (worker_pool.h).
+// layout), split into train and validation sets as the seeds' read_split_data does, decoded and augmented
+// (image_transform.h) in worker threads (worker_pool.h).
 #include <torch/torch.h>
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "tandem/data/dataset.h"
+#include "tandem/data/image_transform.h"
 
 namespace tandem::data {
 
@@ -38,23 +38,6 @@ ImageFolderSplit read_split_data(const std::string& root, double val_split = 0.2
 // directory; read_class_list reads it back. Both throw Error naming the file on I/O failure.
 void write_class_list(const std::vector<std::string>& classes, const std::string& path);
 std::vector<std::string> read_class_list(const std::string& path);
-
-struct ImageTransformOptions {
-  // Output images are [3, image_size, image_size].
-  int64_t image_size = 224;
-  // Training: random resized crop (area fraction in [min_crop_scale, max_crop_scale] of the image, aspect ratio
-  // in [3/4, 4/3]) then a random horizontal flip, as torchvision's RandomResizedCrop + RandomHorizontalFlip.
-  // Validation (train = false): resize the shorter side to image_size * resize_ratio, then center-crop
-  // image_size (torchvision's Resize(256) + CenterCrop(224) for the default ratio).
-  bool train = false;
-  double min_crop_scale = 0.08;
-  double max_crop_scale = 1.0;
-  bool horizontal_flip = true;
-  double resize_ratio = 256.0 / 224.0;
-  // ImageNet normalisation, per RGB channel, applied to values in [0, 1].
-  std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
-  std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
-};
 
 struct ImageFolderOptions {
   ImageTransformOptions transform;

@@ -1,0 +1,38 @@
+#pragma once
+// What the image folder does to a decoded image before the model sees it: torchvision's ImageNet transforms
+// (RandomResizedCrop + RandomHorizontalFlip for training, Resize + CenterCrop for validation), then
+// normalisation into a float CHW tensor.
+#include <array>
+#include <cstdint>
+
+#include "tandem/data/image.h"
+#include "tandem/data/seeded_random.h"
+
+namespace tandem::data {
+
+struct ImageTransformOptions {
+  // Output images are [3, image_size, image_size].
+  int64_t image_size = 224;
+  // Training: random resized crop (area fraction in [min_crop_scale, max_crop_scale] of the image, aspect ratio
+  // in [3/4, 4/3]) then a random horizontal flip, as torchvision's RandomResizedCrop + RandomHorizontalFlip.
+  // Validation (train = false): resize the shorter side to image_size * resize_ratio, then center-crop
+  // image_size (torchvision's Resize(256) + CenterCrop(224) for the default ratio).
+  bool train = false;
+  double min_crop_scale = 0.08;
+  double max_crop_scale = 1.0;
+  bool horizontal_flip = true;
+  double resize_ratio = 256.0 / 224.0;
+  // ImageNet normalisation, per RGB channel, applied to values in [0, 1].
+  std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
+  std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
+};
+
+// Throws InvalidArgument unless image_size >= 1 and 0 < min_crop_scale <= max_crop_scale <= 1.
+void check_image_transform_options(const ImageTransformOptions& options);
+
+// Writes `image`, transformed, into `out` (3 * image_size^2 floats, channel-major). Training transforms take
+// their crop and flip from `random`, in that order, so that the same generator state always gives the same
+// image bit for bit; validation transforms draw nothing.
+void transform_image(const Image& image, const ImageTransformOptions& options, SeededRandom& random, float* out);
+
+}  // namespace tandem::data
