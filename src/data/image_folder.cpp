@@ -1,102 +1,16 @@
 #include "tandem/data/image_folder.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <cmath>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 
 #include "tandem/data/image.h"
 #include "tandem/data/seeded_random.h"
 #include "tandem/data/worker_pool.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
-#include "tandem/util/atomic_file.h"
 
 namespace tandem::data {
-namespace fs = std::filesystem;
-
-namespace {
-
-bool is_image_file(const fs::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
-}
-
-}  // namespace
-
-ImageFolderSplit read_split_data(const std::string& root, double val_split, uint64_t seed) {
-  if (!(val_split >= 0.0 && val_split < 1.0)) {
-    throw InvalidArgument("val_split must be in [0, 1), got " + std::to_string(val_split));
-  }
-  std::error_code error;
-  if (!fs::is_directory(root, error)) {
-    throw InvalidArgument("image folder " + root + " does not exist or is not a directory");
-  }
-  ImageFolderSplit split;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && !name.empty() && name[0] != '.') split.classes.push_back(name);
-  }
-  std::sort(split.classes.begin(), split.classes.end());
-  if (split.classes.empty()) {
-    throw InvalidArgument("image folder " + root + " has no class sub-folders; expected ROOT/CLASS/IMAGE.jpg");
-  }
-  for (size_t label = 0; label < split.classes.size(); ++label) {
-    const fs::path folder = fs::path(root) / split.classes[label];
-    std::vector<std::string> files;
-    for (const auto& entry : fs::directory_iterator(folder)) {
-      if (entry.is_regular_file() && is_image_file(entry.path())) files.push_back(entry.path().string());
-    }
-    if (files.empty()) {
-      throw InvalidArgument("class folder " + folder.string() + " holds no .jpg/.jpeg/.png images");
-    }
-    std::sort(files.begin(), files.end());
-    // Partial Fisher-Yates over positions picks the validation files; seeded per class so other classes
-    // do not shift this one's split.
-    const auto val_count = static_cast<int64_t>(std::floor(files.size() * val_split));
-    std::vector<int64_t> order(files.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-    SeededRandom random{seed, static_cast<uint64_t>(label)};
-    std::vector<bool> is_val(files.size(), false);
-    for (int64_t i = 0; i < val_count; ++i) {
-      const int64_t j = i + random.below(static_cast<int64_t>(files.size()) - i);
-      std::swap(order[i], order[j]);
-      is_val[order[i]] = true;
-    }
-    for (size_t i = 0; i < files.size(); ++i) {
-      (is_val[i] ? split.val : split.train).push_back({files[i], static_cast<int64_t>(label)});
-    }
-  }
-  return split;
-}
-
-void write_class_list(const std::vector<std::string>& classes, const std::string& path) {
-  nlohmann::ordered_json json = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < classes.size(); ++i) json[std::to_string(i)] = classes[i];
-  write_file_atomically(path, json.dump(4) + "\n");
-}
-
-std::vector<std::string> read_class_list(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot read class list " + path);
-  nlohmann::json json;
-  try {
-    in >> json;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("class list " + path + " is not valid JSON: " + e.what());
-  }
-  std::vector<std::string> classes(json.size());
-  for (auto& [key, value] : json.items()) {
-    const size_t index = std::stoul(key);
-    if (index >= classes.size() || !value.is_string()) throw Error("class list " + path + " has a bad entry " + key);
-    classes[index] = value.get<std::string>();
-  }
-  return classes;
-}
 
 ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFolderOptions options)
     : samples_(std::move(samples)), options_(std::move(options)) {
