@@ -37,10 +37,14 @@ void ImageFolderDataset::load_into(int64_t index, float* out) const {
   transform_image(image, options_.transform, random, out);
 }
 
-torch::Tensor ImageFolderDataset::get_image(int64_t index) const {
+void ImageFolderDataset::check_index(int64_t index) const {
   if (index < 0 || index >= size()) {
     throw InvalidArgument("image index " + std::to_string(index) + " out of range [0, " + std::to_string(size()) + ")");
   }
+}
+
+torch::Tensor ImageFolderDataset::get_image(int64_t index) const {
+  check_index(index);
   const int64_t s = options_.transform.image_size;
   torch::Tensor out = torch::empty({3, s, s}, torch::kFloat);
   load_into(index, out.data_ptr<float>());
@@ -49,12 +53,7 @@ torch::Tensor ImageFolderDataset::get_image(int64_t index) const {
 
 Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
   const int64_t count = static_cast<int64_t>(indices.size()), s = options_.transform.image_size;
-  for (int64_t index : indices) {
-    if (index < 0 || index >= size()) {
-      throw InvalidArgument("image index " + std::to_string(index) + " out of range [0, " + std::to_string(size()) +
-                            ")");
-    }
-  }
+  for (int64_t index : indices) check_index(index);
   torch::Tensor data = torch::empty({count, 3, s, s}, torch::kFloat);
   float* base = data.data_ptr<float>();
   std::vector<std::exception_ptr> failures(static_cast<size_t>(count));
@@ -66,20 +65,18 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
     }
   });
 
+  // Failures are handled in batch order, so the error reported is the first bad file's whatever thread met it.
   Batch batch;
-  std::vector<int64_t> kept_rows;
+  std::vector<int64_t> kept_rows, targets;
   for (int64_t i = 0; i < count; ++i) {
-    if (!failures[i]) {
-      kept_rows.push_back(i);
+    if (failures[i]) {
+      if (!options_.skip_bad_images) std::rethrow_exception(failures[i]);
+      ++skipped_;
       continue;
     }
-    if (!options_.skip_bad_images) std::rethrow_exception(failures[i]);
-    ++skipped_;
-  }
-  std::vector<int64_t> targets;
-  for (int64_t row : kept_rows) {
-    batch.indices.push_back(indices[row]);
-    targets.push_back(samples_[indices[row]].label);
+    kept_rows.push_back(i);
+    batch.indices.push_back(indices[i]);
+    targets.push_back(samples_[indices[i]].label);
   }
   batch.data = static_cast<int64_t>(kept_rows.size()) == count
                    ? data

@@ -53,6 +53,8 @@ class ImageFolderDataset : public Dataset {
   const ImageFolderOptions& options() const { return options_; }
 
  private:
+  // Throws InvalidArgument unless 0 <= index < size().
+  void check_index(int64_t index) const;
   // Decodes and transforms sample `index` into `out` (3 * S * S floats).
   void load_into(int64_t index, float* out) const;
 
