@@ -22,18 +22,19 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "tandem/comm/communicator.h"
+#include "tandem/ddp/allreduce_spans.h"
 #include "tandem/ddp/bucket.h"
+#include "tandem/ddp/bucket_rebuild.h"
+#include "tandem/ddp/bucket_tail.h"
 #include "tandem/ddp/comm_hook.h"
 #include "tandem/ddp/ddp_options.h"
 #include "tandem/ddp/replica_sync.h"
-#include "tandem/monitor/timeline.h"
 #include "tandem/util/compat.h"
 
 namespace tandem::ddp {
@@ -118,44 +119,24 @@ class Reducer {
     GradBucket for_hook;
     size_t pending = 0;    // parameters of this bucket not yet ready in this backward
     comm::WorkPtr work;
-    // For the timeline, in a recorded step: when this backward launched it, and when the backend completed it
-    // (in TimelineClock ticks; written on the backend's thread, 0 until then).
-    monitor::TimelineClock::time_point launched_at;
-    std::shared_ptr<std::atomic<monitor::TimelineClock::rep>> completed_at;
   };
 
-  // What every rank reads from the last bucket's tail once all buckets are reduced.
-  struct TailAgreement {
-    std::vector<int> ranks_missing;   // ranks with parameters that got no gradient (an error)
-    int trained_ranks = 0;            // ranks that ran a real backward (fewer once some shadow)
-    int highest_trained_rank = -1;    // -1 when every rank shadowed
-    std::vector<char> globally_used;  // per parameter, during the unused-parameter search only
-  };
-
-  std::vector<BucketLayout> plan_buckets(const std::vector<torch::Tensor>& trainable,
-                                         const std::vector<size_t>* walk_order) const;
   void allocate_buckets();
   void place_tail();
   void rebuild_buckets();
   void after_agreement(const TailAgreement& agreement);
   TailAgreement reduce_buckets();
-  [[noreturn]] void throw_unused_parameters(const std::vector<std::string>& missing,
-                                            const std::vector<int>& ranks_missing) const;
   void synchronise_forward(bool participating);
-  bool recording_ready_order() const { return !buckets_rebuilt_ && !rebuild_due_; }
   void expect_end_of_backward();
   void queue_finish_backward();  // with mutex_ held
   void mark_ready(size_t param_index);
   void copy_grad_into_bucket(Param& param);
   void launch_complete_buckets();
-  void fill_tail();
-  torch::Tensor tail_on_wire();
   void finish_backward();
   void average_over_trained(int trained_ranks);
   void write_back(const std::vector<char>& globally_used);
   void reset_iteration();
   void drain_in_flight() noexcept;
-  void record_allreduces(monitor::TimelineClock::time_point wait_begin);
 
   comm::CommunicatorPtr communicator_;
   int rank_ = 0;
@@ -173,35 +154,18 @@ class Reducer {
   // Every parameter and buffer, for copy_replica_from.
   std::vector<torch::Tensor> model_state_;
 
-  // Bucket rebuild: the first synchronised backward records the order in which gradients became ready; the
-  // next synchronised forward (or shadow iteration) rebuilds the buckets from rank 0's order, once.
-  std::vector<size_t> ready_order_;
-  bool rebuild_due_ = false;
-  bool buckets_rebuilt_ = false;
-  std::vector<char> used_in_first_iteration_;  // what static_graph leaves out of the rebuilt buckets
+  BucketRebuild rebuild_;
   bool shadowing_ = false;  // this iteration's collectives are a shadow_iteration's
 
-  // The tail: world_size_ error flags (rank r sets slot r when a parameter got no gradient without
-  // find_unused_parameters), world_size_ "trained" flags (rank r sets slot world_size_ + r unless it shadows),
-  // then, during the unused-parameter search, one "used since the last sync" flag per parameter. Each is read as
-  // zero or not, so a mean or a sum serves alike. With a hook that averages plainly (is_plain_average) and a
-  // float32 or float64 last bucket, it rides at the end of that bucket and tells every rank what the others saw
-  // at no extra collective; with any other hook it must not be rounded or compressed, so it is summed in
-  // float32 in an all-reduce of its own (tail_wire_), launched right after the last bucket.
-  int64_t tail_numel_ = 0;
-  bool tail_rides_ = false;
-  torch::Tensor tail_wire_;  // float32, on the last bucket's device
-  comm::WorkPtr tail_work_;
+  // The flags every rank reads at the end of a synchronised backward, sent with the last bucket.
+  BucketTail tail_;
   // Whether backward reports which parameters it used: find_unused_parameters, until static_graph ends it.
   bool unused_search_ = false;
-  // Filled on the host, then copied into the bucket. Pinned when the bucket is on a GPU, so that the copy is
-  // queued without blocking (a pageable copy would make the host wait for all of backward's kernels).
-  torch::Tensor tail_host_;
 
   // What the output hooks hold: they may outlive the reducer inside a graph the caller kept.
   std::shared_ptr<Reducer*> self_ = std::make_shared<Reducer*>(this);
   std::string broken_;  // why this reducer refuses further use; empty while it is usable
-  monitor::Timeline* timeline_ = nullptr;
+  AllReduceSpans spans_;
 
   // Buffers come from this rank at a synchronised forward while uneven_inputs_ is on: the highest rank that
   // trained in the last synchronised iteration in which any did.
