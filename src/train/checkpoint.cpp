@@ -8,7 +8,9 @@
 
 #include <cstdio>
 #include <string_view>
+#include <type_traits>
 #include <typeinfo>
+#include <variant>
 
 #include "tandem/monitor/crc32c.h"
 #include "tandem/optim/optimizer_archive.h"
@@ -32,12 +34,6 @@ constexpr const char* kCpuRng = "rng.cpu";
 constexpr const char* kDeviceRng = "rng.device";
 constexpr const char* kChecksumPrefix = "crc32c.";
 constexpr const char* kHeaderChecksum = "crc32c.__header__";
-
-std::string format_double(double value) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
 
 std::string get_meta(const TensorFile& file, const std::string& key, const std::string& path) {
   auto it = file.metadata.find(key);
@@ -102,6 +98,115 @@ std::string damage_of(const TensorFile& file, const std::string& path) {
   return "";
 }
 
+// One metadata value of a checkpoint: its key, the member that holds it, and the value a checkpoint without it
+// stands for (nullptr: the key is required). Numbers are written as decimal text, doubles with %.17g so that
+// they read back bit for bit, bools as "1" or "0".
+template <typename Owner>
+struct Field {
+  const char* key;
+  std::variant<int Owner::*, int64_t Owner::*, uint64_t Owner::*, double Owner::*, bool Owner::*,
+               std::string Owner::*>
+      member;
+  const char* fallback = nullptr;
+};
+
+// Written into every checkpoint; those with a fallback are missing from the checkpoints of older tandems.
+const Field<CheckpointState> kStateFields[] = {
+    {"epoch", &CheckpointState::epoch},
+    {"batches_done", &CheckpointState::batches_done},
+    {"step", &CheckpointState::step},
+    {"lr", &CheckpointState::lr},
+    {"base_lr", &CheckpointState::base_lr},
+    {"lrf", &CheckpointState::lrf},
+    {"warmup_steps", &CheckpointState::warmup_steps, "0"},
+    {"epochs", &CheckpointState::epochs},
+    {"sampler_seed", &CheckpointState::sampler_seed},
+    {"world_size", &CheckpointState::world_size},
+    // Checkpoints of the first format came from tandem train, whose batches are cut the same way throughout a run.
+    {"batch_size", &CheckpointState::batch_size, "0"},
+    {"shuffle", &CheckpointState::shuffle, "1"},
+    {"drop_last", &CheckpointState::drop_last, "1"},
+    {"train_samples", &CheckpointState::train_samples, "0"},
+    {"train_fingerprint", &CheckpointState::train_fingerprint, "0"},
+    {"precision", &CheckpointState::precision, "32"},
+};
+
+// The unfinished epoch's training so far: written inside an epoch only (batches_done > 0), read where
+// epoch_steps is. Mid-epoch checkpoints of older tandems lack it; the epoch's metrics line then covers only the
+// batches trained after the resume.
+const Field<CheckpointState> kEpochProgressFields[] = {
+    {"epoch_loss_sum", &CheckpointState::epoch_loss_sum},
+    {"epoch_steps", &CheckpointState::epoch_steps},
+    {"epoch_train_seconds", &CheckpointState::epoch_train_seconds},
+    {"epoch_samples", &CheckpointState::epoch_samples, "0"},
+};
+constexpr const char* kEpochProgressMarker = "epoch_steps";
+
+// The loss scaler's state, written and read only where the run has one (16-mixed).
+const Field<amp::GradScalerState> kGradScalerFields[] = {
+    {"grad_scaler.scale", &amp::GradScalerState::scale},
+    {"grad_scaler.growth_factor", &amp::GradScalerState::growth_factor},
+    {"grad_scaler.backoff_factor", &amp::GradScalerState::backoff_factor},
+    {"grad_scaler.growth_interval", &amp::GradScalerState::growth_interval},
+    {"grad_scaler.growth_tracker", &amp::GradScalerState::growth_tracker},
+};
+constexpr const char* kGradScalerMarker = "grad_scaler.scale";
+
+template <typename Value>
+std::string text_of(const Value& value) {
+  if constexpr (std::is_same_v<Value, bool>) {
+    return value ? "1" : "0";
+  } else if constexpr (std::is_same_v<Value, double>) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    return text;
+  } else if constexpr (std::is_same_v<Value, std::string>) {
+    return value;
+  } else {
+    return std::to_string(value);
+  }
+}
+
+// Throws std::logic_error (invalid_argument, out_of_range) on text that is not a number of that type.
+template <typename Value>
+Value value_of(const std::string& text) {
+  if constexpr (std::is_same_v<Value, bool>) {
+    return text == "1";
+  } else if constexpr (std::is_same_v<Value, double>) {
+    return std::stod(text);
+  } else if constexpr (std::is_same_v<Value, std::string>) {
+    return text;
+  } else if constexpr (std::is_same_v<Value, int>) {
+    return std::stoi(text);
+  } else if constexpr (std::is_same_v<Value, int64_t>) {
+    return std::stoll(text);
+  } else {
+    static_assert(std::is_same_v<Value, uint64_t>, "a checkpoint field of a type without a text form");
+    return std::stoull(text);
+  }
+}
+
+template <typename Owner, size_t N>
+void write_fields(const Field<Owner> (&fields)[N], const Owner& owner, std::map<std::string, std::string>& meta) {
+  for (const auto& field : fields) {
+    std::visit([&](auto member) { meta[field.key] = text_of(owner.*member); }, field.member);
+  }
+}
+
+template <typename Owner, size_t N>
+void read_fields(const Field<Owner> (&fields)[N], const TensorFile& file, const std::string& path, Owner& owner) {
+  for (const auto& field : fields) {
+    const std::string text =
+        field.fallback ? optional_meta(file, field.key, field.fallback) : get_meta(file, field.key, path);
+    std::visit(
+        [&](auto member) {
+          using Value = std::remove_reference_t<decltype(owner.*member)>;
+          owner.*member = value_of<Value>(text);
+        },
+        field.member);
+  }
+}
+
 std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& optimizer, const torch::Tensor& archive,
                                                const CheckpointState& state, const ExtraState& extra) {
   std::map<std::string, std::string> meta{
@@ -109,36 +214,10 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
       {"optimizer", optimizer_kind(optimizer)},
       {"optimizer_fingerprint", std::to_string(fingerprint_of(archive))},
       {"libtorch_major", std::to_string(TORCH_VERSION_MAJOR)},
-      {"epoch", std::to_string(state.epoch)},
-      {"batches_done", std::to_string(state.batches_done)},
-      {"step", std::to_string(state.step)},
-      {"lr", format_double(state.lr)},
-      {"base_lr", format_double(state.base_lr)},
-      {"lrf", format_double(state.lrf)},
-      {"warmup_steps", std::to_string(state.warmup_steps)},
-      {"epochs", std::to_string(state.epochs)},
-      {"sampler_seed", std::to_string(state.sampler_seed)},
-      {"world_size", std::to_string(state.world_size)},
-      {"batch_size", std::to_string(state.batch_size)},
-      {"shuffle", state.shuffle ? "1" : "0"},
-      {"drop_last", state.drop_last ? "1" : "0"},
-      {"train_samples", std::to_string(state.train_samples)},
-      {"train_fingerprint", std::to_string(state.train_fingerprint)},
   };
-  meta["precision"] = state.precision;
-  if (state.grad_scaler) {
-    meta["grad_scaler.scale"] = format_double(state.grad_scaler->scale);
-    meta["grad_scaler.growth_factor"] = format_double(state.grad_scaler->growth_factor);
-    meta["grad_scaler.backoff_factor"] = format_double(state.grad_scaler->backoff_factor);
-    meta["grad_scaler.growth_interval"] = std::to_string(state.grad_scaler->growth_interval);
-    meta["grad_scaler.growth_tracker"] = std::to_string(state.grad_scaler->growth_tracker);
-  }
-  if (state.batches_done > 0) {
-    meta["epoch_loss_sum"] = format_double(state.epoch_loss_sum);
-    meta["epoch_steps"] = std::to_string(state.epoch_steps);
-    meta["epoch_train_seconds"] = format_double(state.epoch_train_seconds);
-    meta["epoch_samples"] = std::to_string(state.epoch_samples);
-  }
+  write_fields(kStateFields, state, meta);
+  if (state.batches_done > 0) write_fields(kEpochProgressFields, state, meta);
+  if (state.grad_scaler) write_fields(kGradScalerFields, *state.grad_scaler, meta);
   for (const auto& [key, value] : extra.values) {
     if (key.empty()) throw InvalidArgument("ExtraState: a value has an empty name");
     meta[kExtraPrefix + key] = value;
@@ -149,40 +228,9 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
 CheckpointState read_state(const TensorFile& file, const std::string& path) {
   CheckpointState state;
   try {
-    state.epoch = std::stoi(get_meta(file, "epoch", path));
-    state.batches_done = std::stoll(get_meta(file, "batches_done", path));
-    state.step = std::stoll(get_meta(file, "step", path));
-    state.lr = std::stod(get_meta(file, "lr", path));
-    state.base_lr = std::stod(get_meta(file, "base_lr", path));
-    state.lrf = std::stod(get_meta(file, "lrf", path));
-    state.warmup_steps = std::stoll(optional_meta(file, "warmup_steps", "0"));
-    state.epochs = std::stoi(get_meta(file, "epochs", path));
-    state.sampler_seed = std::stoull(get_meta(file, "sampler_seed", path));
-    state.world_size = std::stoi(get_meta(file, "world_size", path));
-    // Checkpoints of the first format came from tandem train, whose batches are cut the same way throughout a run.
-    state.batch_size = std::stoll(optional_meta(file, "batch_size", "0"));
-    state.shuffle = optional_meta(file, "shuffle", "1") == "1";
-    state.drop_last = optional_meta(file, "drop_last", "1") == "1";
-    state.train_samples = std::stoll(optional_meta(file, "train_samples", "0"));
-    state.train_fingerprint = std::stoull(optional_meta(file, "train_fingerprint", "0"));
-    // Mid-epoch checkpoints of older tandems lack the epoch's progress; its metrics line then covers only the
-    // batches trained after the resume.
-    if (file.metadata.count("epoch_steps")) {
-      state.epoch_loss_sum = std::stod(get_meta(file, "epoch_loss_sum", path));
-      state.epoch_steps = std::stoll(get_meta(file, "epoch_steps", path));
-      state.epoch_train_seconds = std::stod(get_meta(file, "epoch_train_seconds", path));
-      state.epoch_samples = std::stoll(optional_meta(file, "epoch_samples", "0"));
-    }
-    state.precision = optional_meta(file, "precision", "32");
-    if (file.metadata.count("grad_scaler.scale")) {
-      amp::GradScalerState scaler;
-      scaler.scale = std::stod(get_meta(file, "grad_scaler.scale", path));
-      scaler.growth_factor = std::stod(get_meta(file, "grad_scaler.growth_factor", path));
-      scaler.backoff_factor = std::stod(get_meta(file, "grad_scaler.backoff_factor", path));
-      scaler.growth_interval = std::stoll(get_meta(file, "grad_scaler.growth_interval", path));
-      scaler.growth_tracker = std::stoll(get_meta(file, "grad_scaler.growth_tracker", path));
-      state.grad_scaler = scaler;
-    }
+    read_fields(kStateFields, file, path, state);
+    if (file.metadata.count(kEpochProgressMarker)) read_fields(kEpochProgressFields, file, path, state);
+    if (file.metadata.count(kGradScalerMarker)) read_fields(kGradScalerFields, file, path, state.grad_scaler.emplace());
   } catch (const std::logic_error& error) {  // stoi & co on a damaged value
     throw InvalidArgument(path + ": checkpoint metadata holds a malformed number");
   }
