@@ -11,9 +11,9 @@
 
 #include "apps/command.h"
 #include "apps/flag_checks.h"
-#include "tandem/bench/allreduce_bench.h"
-#include "tandem/bench/allreduce_command.h"
-#include "tandem/bench/train_driver.h"
+#include "bench/allreduce_bench.h"
+#include "bench/allreduce_command.h"
+#include "bench/train_driver.h"
 #include "tandem/comm/backend.h"
 #include "tandem/util/error.h"
 

@@ -1,5 +1,5 @@
-// `tandem train`: the seeds' training program. This file is only the table of flags; the loop lives in
-// tandem/train/trainer.h. Launch it once per rank, e.g.
+// `tandem train`: the seeds' training program. This file is only the table of flags, bound to the library's
+// option structs; the program is apps/program/training_program.h. Launch it once per rank, e.g.
 //   tandem run --nproc-per-node 2 -- tandem train --epochs 10
 #include <torch/torch.h>
 
@@ -13,13 +13,13 @@
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_registry.h"
-#include "tandem/train/trainer.h"
+#include "apps/program/training_program.h"
 
 namespace tandem::app {
 namespace {
 
 struct TrainFlags {
-  train::TrainOptions options;
+  TrainingProgramOptions options;
   std::string normalize;
   int threads = 0;
   std::string device = "auto";
@@ -43,17 +43,14 @@ int default_threads(int local_world_size) {
 }
 
 int run_train(TrainFlags& flags) {
-  train::TrainOptions& options = flags.options;
-  options.shuffle = !flags.no_shuffle;
-  options.tensorboard = !flags.no_tensorboard;
-  options.report = !flags.no_report;
-  options.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
-  options.precision = amp::parse_precision(flags.precision);
-  options.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
-  if (options.dp_replicas > 0 && options.strategy != train::Strategy::kDataParallel) {
-    throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");
-  }
-  if (!flags.normalize.empty()) options.normalization = data::parse_normalization(flags.normalize);
+  train::LoopOptions& loop = flags.options.loop;
+  loop.shuffle = !flags.no_shuffle;
+  loop.tensorboard = !flags.no_tensorboard;
+  loop.report = !flags.no_report;
+  loop.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
+  loop.precision = amp::parse_precision(flags.precision);
+  loop.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
+  if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
 
   InitOptions init;
   init.device = flags.device;
@@ -61,9 +58,9 @@ int run_train(TrainFlags& flags) {
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
   ProcessGroup& group = init_process_group(init);
   torch::set_num_threads(flags.threads > 0 ? flags.threads : default_threads(group.layout().local_world_size));
-  options.device = group.device();
+  loop.device = group.device();
   try {
-    train::train(options, group.communicator_ptr());
+    run_training(flags.options, group.communicator_ptr());
   } catch (...) {
     destroy_process_group();
     throw;
@@ -80,26 +77,28 @@ std::string model_names() {
 
 const CommandRegistration kRegisterTrain("train", "train a model on MNIST files or an image folder across the ranks", [](CLI::App& command) {
   auto flags = std::make_shared<TrainFlags>();
-  train::TrainOptions& o = flags->options;
-  command.add_option("--data", o.data_dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
-  command.add_option("--model", o.model, "model to train: " + model_names())->capture_default_str();
-  command.add_option("--num-classes", o.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; the class folders of an image folder)")->check(at_least(1));
-  command.add_flag("--sync-bn", o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
-  command.add_option("--image-size", o.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(at_least(1));
-  command.add_option("--val-split", o.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(between(0, 0.99));
-  command.add_option("--min-crop-scale", o.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(between(0.01, 1));
-  command.add_flag("--skip-bad-images", o.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
+  TrainingProgramOptions& p = flags->options;
+  data::DataFolderOptions& d = p.data;
+  train::LoopOptions& o = p.loop;
+  command.add_option("--data", d.dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
+  command.add_option("--model", p.model, "model to train: " + model_names())->capture_default_str();
+  command.add_option("--num-classes", d.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; the class folders of an image folder)")->check(at_least(1));
+  command.add_flag("--sync-bn", p.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
+  command.add_option("--image-size", d.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(at_least(1));
+  command.add_option("--val-split", d.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(between(0, 0.99));
+  command.add_option("--min-crop-scale", d.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(between(0.01, 1));
+  command.add_flag("--skip-bad-images", d.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
   command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least(1));
   command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least(1));
-  command.add_option("--lr", o.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than(0));
+  command.add_option("--lr", p.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than(0));
   // A fraction, as the name says: below 0 the rate turns negative (gradient ascent), above 1 it would rise.
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr, 0 to 1 (cosine schedule per epoch; 1: a constant rate)")->capture_default_str()->check(between(0, 1));
-  command.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  command.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
-  command.add_flag("--zero", o.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");
+  command.add_option("--momentum", p.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--weight-decay", p.weight_decay, "SGD weight decay")->capture_default_str();
+  command.add_flag("--zero", p.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
-  command.add_flag("--uneven", o.uneven, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
+  command.add_flag("--uneven", o.uneven_inputs, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
   command.add_option("--accumulate-batches", o.accumulate_batches, "batches per optimizer step: all but the last under no_sync (gradients add up locally), each loss divided by their count, so a step trains on their mean as on one batch that many times larger")->capture_default_str()->check(at_least(1));
   command.add_option("--comm-hook", o.comm_hook, "how DDP reduces gradients between processes: average, fp16 or bf16 (compressed to 16 bits on the wire), powersgd (low-rank compression with error feedback)")->capture_default_str()->check(CLI::IsMember(ddp::comm_hook_names()));
   command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least(1));
@@ -107,10 +106,10 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
   command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)")->check(at_least(0));
-  command.add_option("--init,--weights", o.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
-  command.add_flag("--strict", o.strict, "--init must match the model exactly");
-  command.add_flag("--freeze-layers", o.freeze_layers, "train only the classifier head (fc for ResNet)");
-  command.add_option("--save-weights", o.save_weights, "write the final weights as safetensors (PyTorch names)");
+  command.add_option("--init,--weights", p.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
+  command.add_flag("--strict", p.strict, "--init must match the model exactly");
+  command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
+  command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least(0));
@@ -119,7 +118,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run) or dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp"}));
-  command.add_option("--dp-replicas", o.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(at_least(1));
+  command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(at_least(1));
   command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
   command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");

@@ -34,6 +34,21 @@ KillAt read_kill_at() {
   return kill_at;
 }
 
+struct NanAt {
+  int rank = -1;  // -1: no injection
+  long long step = -1;
+};
+
+NanAt read_nan_at() {
+  NanAt nan_at;
+  const char* value = std::getenv("TANDEM_INJECT_NAN_AT_STEP");
+  if (!value) return nan_at;
+  if (std::sscanf(value, "%d:%lld", &nan_at.rank, &nan_at.step) != 2) {
+    throw InvalidArgument(std::string("TANDEM_INJECT_NAN_AT_STEP must be RANK:STEP, got '") + value + "'");
+  }
+  return nan_at;
+}
+
 int own_rank() {
   const char* rank = std::getenv("RANK");
   return rank ? std::atoi(rank) : 0;
@@ -46,6 +61,11 @@ void kill_point(std::string_view point, int64_t count) {
   static const int rank = own_rank();
   if (kill_at.point != point || kill_at.rank != rank || kill_at.count != count) return;
   ::kill(::getpid(), SIGKILL);
+}
+
+bool nan_loss_at(int rank, int64_t step) {
+  static const NanAt nan_at = read_nan_at();
+  return nan_at.rank == rank && nan_at.step == step;
 }
 
 }  // namespace tandem::fault

@@ -1,8 +1,10 @@
 // `tandem train` on bad input, through the built binary on tiny data: a damaged label, an --init file that fits
 // nothing, an output path that cannot be written. Each used to train on (to the end, or to a failure after it);
 // each now stops before the first step with one line and a non-zero exit. A PyTorch DDP state dict as --init
-// loads.
+// loads. Each --comm-hook trains 2 ranks to equal replicas.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -135,6 +137,32 @@ TEST(TrainCommand, ReportThatCannotBeWrittenIsOneLineBeforeTraining) {
   const std::string run_dir = make_temp_dir("report_folder");
   fs::create_directories(run_dir + "/report.html");
   expect_refused_before_training(train("report_folder", {}, "", run_dir), run_dir + "/report.html: is a folder");
+}
+
+// Users choose a comm hook for real training: each one trains 2 ranks under tandem run, with the replicas compared
+// after every step (a difference stops the run), and the run says which hook it used. Gloo in LibTorch 1.13 cannot
+// reduce bfloat16, so there the bf16 hook is refused up front in one line.
+TEST(TrainCommand, EachCommHookTrainsTwoRanksToEqualReplicas) {
+  const std::string data = write_tiny_mnist("comm_hooks", 64, 8);
+  for (const std::string hook : {"average", "fp16", "bf16", "powersgd"}) {
+    SCOPED_TRACE(hook);
+    const std::string run_dir = make_temp_dir("comm_hook_" + hook) + "/run";
+    const testing::ProcessResult result = testing::run_process(
+        {testing::tandem_cli(), "run", "--nproc-per-node", "2", "--", testing::tandem_cli(), "train", "--data", data,
+         "--epochs", "2", "--batch-size", "8", "--threads", "1", "--no-tensorboard", "--no-report", "--run-dir",
+         run_dir, "--comm-hook", hook, "--powersgd-start", "2", "--check-replicas-every", "1", "--timeout", "60"},
+        {}, std::chrono::seconds(120));
+    ASSERT_FALSE(result.timed_out) << result.output;
+    if (hook == "bf16" && TORCH_VERSION_MAJOR < 2) {
+      EXPECT_NE(result.exit_code, 0) << result.output;
+      EXPECT_NE(result.output.find("--comm-hook bf16 needs a backend that reduces bfloat16"), std::string::npos)
+          << result.output;
+      continue;
+    }
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find(fmt::format("  {:<14} {}", "comm hook:", hook)), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("[epoch 1]"), std::string::npos) << result.output;
+  }
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ TEST(CheckpointResume, ACheckpointOfAnotherTrainingSetIsRefusedInOneLine) {
   for (const auto& other : {separable_set(48, 2), separable_set(56, 1)}) {
     const std::string error = fit_error(options_for(run_dir), other);
     EXPECT_NE(error.find("same training data"), std::string::npos) << error;
-    EXPECT_NE(error.find("--run-dir"), std::string::npos) << error;
+    EXPECT_NE(error.find("`run_dir`"), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }
   EXPECT_EQ(fit(options_for(run_dir)).first_step, kStepsPerEpoch + 4) << "the same data continues";

@@ -488,7 +488,7 @@ TEST(Loop, ContinuingWithAnotherBatchSizeIsRefusedBecauseTheSamplesDoneWouldBeOt
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
   const std::string message = continuation_error("loop_other_batch", net, sgd,
                                                  [](LoopOptions& options) { options.batch_size = kBatch * 2; });
-  EXPECT_NE(message.find("--batch-size 8"), std::string::npos) << message;
+  EXPECT_NE(message.find("`batch_size` 8"), std::string::npos) << message;
 }
 
 // Under a launcher, a Loop whose program forgot init_process_group() would train alone on every rank, all into

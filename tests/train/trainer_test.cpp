@@ -26,7 +26,6 @@
 #include "tandem/train/evaluation.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
-#include "tandem/train/trainer.h"
 
 namespace tandem::train {
 namespace {

@@ -8,6 +8,9 @@
 //   step              before optimizer step COUNT (counted from 1 over the whole run, resumed runs included)
 //   safetensors-write halfway through writing the COUNT-th safetensors file of this process (a checkpoint
 //                     or --save-weights), with part of its temp file written and before the rename
+// And a loss that turns bad, for the test of the loop's non-finite check: with
+//   TANDEM_INJECT_NAN_AT_STEP=RANK:STEP
+// rank RANK's loss is NaN at optimizer step STEP (0-based, counted from the start of the run).
 #include <cstdint>
 #include <string_view>
 
@@ -16,5 +19,8 @@ namespace tandem::fault {
 // Kills this process if TANDEM_KILL_AT names `point`, this rank and `count`. Throws InvalidArgument if
 // TANDEM_KILL_AT is malformed.
 void kill_point(std::string_view point, int64_t count);
+
+// Whether TANDEM_INJECT_NAN_AT_STEP names this rank and step. Throws InvalidArgument if it is malformed.
+bool nan_loss_at(int rank, int64_t step);
 
 }  // namespace tandem::fault

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/bench/train_bench.h"
+#include "bench/train_bench.h"
 
 namespace tandem::bench {
 

@@ -1,4 +1,4 @@
-#include "tandem/bench/train_driver.h"
+#include "bench/train_driver.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

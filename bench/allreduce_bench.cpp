@@ -1,4 +1,4 @@
-#include "tandem/bench/allreduce_bench.h"
+#include "bench/allreduce_bench.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

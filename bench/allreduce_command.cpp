@@ -1,4 +1,4 @@
-#include "tandem/bench/allreduce_command.h"
+#include "bench/allreduce_command.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tandem/bench/allreduce_bench.h"
+#include "bench/allreduce_bench.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/util/error.h"
 

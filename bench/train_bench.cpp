@@ -1,4 +1,4 @@
-#include "tandem/bench/train_bench.h"
+#include "bench/train_bench.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "tandem/train/trainer.h"
+#include "apps/program/training_program.h"
 
 #include <fmt/format.h>
 
@@ -17,51 +17,37 @@
 #include "tandem/util/log.h"
 #include "tandem/util/output_path.h"
 
-namespace tandem::train {
-namespace {
+namespace tandem::app {
+using train::Strategy;
 
-data::DataFolderOptions data_folder_options(const TrainOptions& o) {
-  data::DataFolderOptions folder;
-  folder.dir = o.data_dir;
-  folder.normalization = o.normalization;
-  folder.num_classes = o.num_classes;
-  folder.image_size = o.image_size;
-  folder.val_split = o.val_split;
-  folder.min_crop_scale = o.min_crop_scale;
-  folder.skip_bad_images = o.skip_bad_images;
-  folder.seed = o.seed;
-  return folder;
-}
+namespace {
 
 // Opens --data and resolves the options that depend on it (num_classes, image_size, min_crop_scale) in place, so
 // that every rank and describe() see the same values.
-data::DataFolder open_data(TrainOptions& o) {
-  data::DataFolderOptions folder = data_folder_options(o);
+data::DataFolder open_data(data::DataFolderOptions& folder) {
   data::DataFolder data = data::open_data_folder(folder);
-  o.image_size = folder.image_size;
-  o.min_crop_scale = folder.min_crop_scale;
-  if (o.num_classes == 0) o.num_classes = data.num_classes;
-  if (o.num_classes < data.num_classes) {
-    throw InvalidArgument(fmt::format("--num-classes {} is fewer than the {} classes in {}", o.num_classes,
-                                      data.num_classes, o.data_dir));
+  if (folder.num_classes == 0) folder.num_classes = data.num_classes;
+  if (folder.num_classes < data.num_classes) {
+    throw InvalidArgument(fmt::format("--num-classes {} is fewer than the {} classes in {}", folder.num_classes,
+                                      data.num_classes, folder.dir));
   }
   return data;
 }
 
 // --model built for the data, seeded so that every rank starts alike (DDP then makes rank 0's weights everyone's),
 // with --init weights, --sync-bn and --freeze-layers applied.
-nn::Model build_model(const TrainOptions& o, const data::DataFolder& data, const comm::CommunicatorPtr& communicator) {
+nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& data, const comm::CommunicatorPtr& communicator) {
   comm::Communicator* group = communicator.get();
   const bool is_main = !group || group->rank() == 0;
-  torch::manual_seed(o.seed);
+  torch::manual_seed(o.loop.seed);
   nn::Model model;
   comm::run_on_all_ranks(group, "to build the model", [&] {
-    model = nn::make_model(o.model, nn::ModelOptions{o.num_classes, data.in_channels, data.image_size});
+    model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
   });
   torch::nn::Module& module = *model.module.ptr();
   comm::run_on_all_ranks(group, "to load --init weights", [&] {
     if (o.init_weights.empty()) return;
-    LoadReport report = load_weights(module, o.init_weights, o.strict);
+    train::LoadReport report = train::load_weights(module, o.init_weights, o.strict);
     if (!is_main) return;
     log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
     for (const auto& s : report.skipped) log::warn("skipped {}", s);
@@ -87,8 +73,9 @@ nn::Model build_model(const TrainOptions& o, const data::DataFolder& data, const
 
 // Every file and folder the run writes into (rank 0 writes them all), checked before the data is loaded: a path
 // that fails at the end would throw the whole training away.
-void check_output_paths(const TrainOptions& o) {
-  if (!o.save_weights.empty()) require_writable_file("--save-weights", o.save_weights);
+void check_output_paths(const TrainingProgramOptions& program) {
+  const train::LoopOptions& o = program.loop;
+  if (!program.save_weights.empty()) require_writable_file("--save-weights", program.save_weights);
   if (!o.timeline_path.empty()) require_writable_file("--timeline", o.timeline_path);
   // Without --run-dir, rank 0 makes (or with --resume finds) runs/<timestamp> in the working folder.
   if (o.run_dir.empty()) {
@@ -101,48 +88,17 @@ void check_output_paths(const TrainOptions& o) {
   }
 }
 
-LoopOptions loop_options(const TrainOptions& o) {
-  LoopOptions loop;
-  loop.epochs = o.epochs;
-  loop.batch_size = o.batch_size;
-  loop.max_steps = o.max_steps;
-  loop.seed = o.seed;
-  loop.shuffle = o.shuffle;
-  loop.lrf = o.lrf;
-  loop.device = o.device;
-  loop.prefetch_batches = o.prefetch_batches;
-  loop.run_dir = o.run_dir;
-  loop.resume = o.resume;
-  loop.checkpoint = o.checkpoint;
-  loop.checkpoint_every = o.checkpoint_every;
-  loop.keep_checkpoints = o.keep_checkpoints;
-  loop.check_replicas_every = o.check_replicas_every;
-  loop.uneven_inputs = o.uneven;
-  loop.accumulate_batches = o.accumulate_batches;
-  loop.comm_hook = o.comm_hook;
-  loop.powersgd = o.powersgd;
-  loop.progress = o.progress;
-  loop.precision = o.precision;
-  loop.strategy = o.strategy;
-  loop.tensorboard = o.tensorboard;
-  loop.report = o.report;
-  loop.timeline_path = o.timeline_path;
-  loop.timeline_steps = o.timeline_steps;
-  if (o.strategy == Strategy::kDataParallel) loop.dp_devices = dp::replica_devices(o.device, o.dp_replicas);
-  return loop;
-}
-
-}  // namespace
-
-std::string describe(const TrainOptions& o, int world_size) {
-  const bool mnist = data::has_mnist_files(o.data_dir);
+// The resolved configuration as `key: value` lines, what rank 0 prints at the run's start.
+std::string describe(const TrainingProgramOptions& program, const data::DataFolder& data, int world_size) {
+  const train::LoopOptions& o = program.loop;
+  const data::DataFolderOptions& folder = program.data;
   std::string out;
   const auto line = [&](const std::string& key, const std::string& value) { out += fmt::format("  {:<14} {}\n", key + ":", value); };
-  line("data", o.data_dir + (mnist ? " (MNIST files)" : " (image folder)"));
-  line("model", fmt::format("{}, {} classes{}", o.model, o.num_classes, o.sync_bn ? ", SyncBatchNorm" : ""));
+  line("data", folder.dir + (data.is_mnist ? " (MNIST files)" : " (image folder)"));
+  line("model", fmt::format("{}, {} classes{}", program.model, folder.num_classes, program.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
   line("device", o.device.str());
-  line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", dp::replica_devices(o.device, o.dp_replicas).size()));
+  line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
   line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
   line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
@@ -156,31 +112,31 @@ std::string describe(const TrainOptions& o, int world_size) {
   } else {
     line("comm hook", o.comm_hook);
   }
-  line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", o.lr, world_size, o.lr * world_size, o.lrf));
-  line("momentum", fmt::format("{}", o.momentum));
-  line("weight decay", fmt::format("{}", o.weight_decay));
-  line("zero", o.zero ? fmt::format("SGD state sharded over {} ranks", world_size) : "no");
+  line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", program.lr, world_size, program.lr * world_size, o.lrf));
+  line("momentum", fmt::format("{}", program.momentum));
+  line("weight decay", fmt::format("{}", program.weight_decay));
+  line("zero", program.zero ? fmt::format("SGD state sharded over {} ranks", world_size) : "no");
   line("steps", o.max_steps > 0 ? std::to_string(o.max_steps) : "all");
   line("seed", std::to_string(o.seed));
   line("shuffle", o.shuffle ? "yes" : "no");
-  if (mnist) {
-    const data::Normalization norm = o.normalization ? *o.normalization : data::guess_normalization(o.data_dir);
+  if (data.is_mnist) {
+    const data::Normalization norm = folder.normalization ? *folder.normalization : data::guess_normalization(folder.dir);
     line("normalize", fmt::format("mean {} std {}", norm.mean, norm.std));
   } else {
-    line("image size", std::to_string(o.image_size));
-    line("val split", fmt::format("{}", o.val_split));
+    line("image size", std::to_string(folder.image_size));
+    line("val split", fmt::format("{}", folder.val_split));
     line("crop scale", fmt::format("train: random area [{:.3g}, 1]; val: resize to {:.4g} x size, center crop",
-                                   o.min_crop_scale, data::default_val_resize_ratio(o.image_size)));
-    line("bad images", o.skip_bad_images ? "skip and count" : "stop with an error");
+                                   folder.min_crop_scale, data::default_val_resize_ratio(folder.image_size)));
+    line("bad images", folder.skip_bad_images ? "skip and count" : "stop with an error");
   }
   line("threads", std::to_string(torch::get_num_threads()) + " per process");
-  line("init weights", o.init_weights.empty() ? "none (rank 0's seeded init, broadcast)" : o.init_weights);
-  if (!o.init_weights.empty()) line("strict", o.strict ? "yes" : "no");
-  line("freeze layers", o.freeze_layers ? "yes" : "no");
-  line("save weights", o.save_weights.empty() ? "no" : o.save_weights);
+  line("init weights", program.init_weights.empty() ? "none (rank 0's seeded init, broadcast)" : program.init_weights);
+  if (!program.init_weights.empty()) line("strict", program.strict ? "yes" : "no");
+  line("freeze layers", program.freeze_layers ? "yes" : "no");
+  line("save weights", program.save_weights.empty() ? "no" : program.save_weights);
   line("run dir", o.run_dir);
   line("resume", o.resume ? "yes" : "no");
-  line("uneven inputs", o.uneven ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
+  line("uneven inputs", o.uneven_inputs ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
   line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
                       : fmt::format("at epoch ends{}; the newest {} kept",
@@ -193,67 +149,80 @@ std::string describe(const TrainOptions& o, int world_size) {
   return out;
 }
 
-TrainResult train(const TrainOptions& given, const comm::CommunicatorPtr& communicator) {
-  comm::Communicator* group = communicator.get();
-  const int world = group ? group->world_size() : 1;
-  const bool is_main = !group || group->rank() == 0;
-  TrainOptions options = given;
-  // Epochs and batch size are the loop's to check; the rate is ours, since the loop takes the optimizer's.
-  if (options.lr <= 0) throw InvalidArgument("--lr must be positive");
-  if (options.sync_bn && options.strategy == Strategy::kDataParallel) {
+std::vector<torch::Tensor> trainable_parameters(const nn::Model& model) {
+  std::vector<torch::Tensor> trainable;
+  for (auto& p : model.module.ptr()->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  return trainable;
+}
+
+}  // namespace
+
+void validate(const TrainingProgramOptions& o) {
+  const bool dp = o.loop.strategy == Strategy::kDataParallel;
+  if (o.dp_replicas > 0 && !dp) {
+    throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");
+  }
+  if (o.sync_bn && dp) {
     throw InvalidArgument("--sync-bn needs --strategy ddp: DataParallel's replicas are threads of one process, "
                           "with no process group to share statistics over");
   }
-  if (options.zero && options.strategy == Strategy::kDataParallel) {
+  if (o.zero && dp) {
     throw InvalidArgument("--zero needs --strategy ddp: it shards the optimizer state among processes, and "
                           "DataParallel's replicas are threads of one");
+  }
+}
+
+train::TrainResult run_training(const TrainingProgramOptions& given, const comm::CommunicatorPtr& communicator) {
+  comm::Communicator* group = communicator.get();
+  const int world = group ? group->world_size() : 1;
+  const bool is_main = !group || group->rank() == 0;
+  validate(given);
+  TrainingProgramOptions options = given;
+  options.data.seed = options.loop.seed;
+  if (options.loop.strategy == Strategy::kDataParallel) {
+    options.loop.dp_devices = dp::replica_devices(options.loop.device, options.dp_replicas);
   }
 
   comm::run_on_all_ranks(group, "to check the output paths", [&] {
     if (is_main) check_output_paths(options);
   });
   data::DataFolder data;
-  comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options); });
+  comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options.data); });
   nn::Model model = build_model(options, data, communicator);
-  std::vector<torch::Tensor> trainable;
-  for (auto& p : model.module.ptr()->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
-  // The per-rank --lr: the loop multiplies it by the world size, as the seeds do.
-  const auto sgd = torch::optim::SGDOptions(options.lr).momentum(options.momentum).weight_decay(options.weight_decay);
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (options.zero) {
-    optimizer = std::make_unique<optim::ZeroRedundancyOptimizer>(
-        trainable, optim::make_optimizer<torch::optim::SGD>(sgd), communicator);
-  } else {
-    optimizer = std::make_unique<torch::optim::SGD>(trainable, sgd);
-  }
 
-  Loop loop(loop_options(options), communicator);
-  LoopCallbacks& callbacks = loop.callbacks();
+  train::Loop loop(options.loop, communicator);
+  train::LoopCallbacks& callbacks = loop.callbacks();
   callbacks.on_run_start = [&](const std::string& run_dir) {
-    options.run_dir = run_dir;
+    options.loop.run_dir = run_dir;
     if (!is_main) return;
-    log::write("", "training configuration:\n" + describe(options, world));
+    log::write("", "training configuration:\n" + describe(options, data, world));
     if (!data.classes.empty()) data::write_class_list(data.classes, run_dir + "/class_indices.json");
   };
   if (data.image_train) {
     callbacks.on_epoch_start = [&](int epoch) { data.image_train->set_epoch(epoch); };
-    callbacks.on_epoch_end = [&](const EpochMetrics&) {
+    callbacks.on_epoch_end = [&](const train::EpochMetrics&) {
       if (data.image_train->skipped_images() == 0) return;
       log::warn("skipped {} unreadable training images so far (--skip-bad-images)", data.image_train->skipped_images());
     };
   }
-  TrainResult result = loop.fit(model.module, *optimizer, data.train, data.eval);
+  // The seeds' SGD, sharded among the ranks with --zero.
+  const auto sgd = torch::optim::SGDOptions(options.lr).momentum(options.momentum).weight_decay(options.weight_decay);
+  const auto fit = [&](auto&& optimizer) { return loop.fit(model.module, optimizer, data.train, data.eval); };
+  train::TrainResult result =
+      options.zero ? fit(optim::ZeroRedundancyOptimizer(trainable_parameters(model),
+                                                        optim::make_optimizer<torch::optim::SGD>(sgd), communicator))
+                   : fit(torch::optim::SGD(trainable_parameters(model), sgd));
 
   comm::run_on_all_ranks(group, "to save --save-weights", [&] {
     if (is_main && !options.save_weights.empty()) {
-      save_weights(*model.module.ptr(), options.save_weights,
-                   {{"model", options.model}, {"step", std::to_string(result.steps)}});
+      train::save_weights(*model.module.ptr(), options.save_weights,
+                          {{"model", options.model}, {"step", std::to_string(result.steps)}});
       log::write("", "wrote weights to " + options.save_weights);
     }
   });
   return result;
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::app

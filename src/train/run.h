@@ -1,0 +1,111 @@
+#pragma once
+// One call of Loop::fit (train/loop.h): the model wrapped for the run, its loaders and writers, and where
+// training stands. Its stages live in files of their own: the epoch and step loop in loop.cpp, continuing from
+// and writing checkpoints in run_checkpoints.cpp, evaluation and the epoch's records in run_evaluation.cpp.
+// docs/loop.md follows a run through them, with the collectives each stage runs.
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "step_statistics.h"
+#include "tandem/amp/autocast.h"
+#include "tandem/amp/grad_scaler.h"
+#include "tandem/data/batch_loader.h"
+#include "tandem/ddp/distributed_data_parallel.h"
+#include "tandem/dp/data_parallel.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
+#include "tandem/train/loop.h"
+#include "tandem/train/lr_schedule.h"
+#include "tandem/train/progress.h"
+#include "tandem/train/run_recorder.h"
+#include "tandem/train/run_timeline.h"
+
+namespace tandem::train {
+
+// Where an epoch's training stands: restored from a checkpoint taken inside it, or from zero.
+struct EpochProgress {
+  int64_t batches_done = 0;
+  double loss_sum = 0;  // of the per-step losses averaged over ranks
+  int64_t steps = 0;
+  int64_t samples = 0;  // trained on, over every rank
+  double seconds = 0;   // training time, before a resume included
+};
+
+class Run {
+ public:
+  // `sharded` is `optimizer` when it shards its state among the ranks (Loop::fit's overload for it), else null.
+  Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
+      nn::ModelHolder model, torch::optim::Optimizer& optimizer, optim::ZeroRedundancyOptimizer* sharded,
+      std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  TrainResult execute();
+
+ private:
+  // loop.cpp: the set-up, the epoch and the step.
+  void wrap_model();
+  void open_records(int64_t batches_per_epoch);
+  EpochProgress train_epoch(int epoch, EpochProgress progress);
+  StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
+  torch::Tensor forward_for_training(const torch::Tensor& x);
+  StepStatistics shadow_step(int epoch, int64_t batch_index);
+  void complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
+                     std::chrono::steady_clock::time_point start);
+  void count_step(EpochProgress& progress, const StepStatistics& stats);
+  void set_lr(int epoch);
+  bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
+  // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
+  template <typename Pass>
+  auto in_precision(Pass&& pass) {
+    std::optional<amp::Autocast> autocast;
+    if (autocast_dtype_) autocast.emplace(options_.device.type(), *autocast_dtype_);
+    return pass();
+  }
+
+  // run_checkpoints.cpp: continuing from a checkpoint, and writing one.
+  void resume_from(const std::string& checkpoint);
+  CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
+  void write_checkpoint(const CheckpointState& state);
+  // The devices whose generators a checkpoint holds: every DataParallel replica's, else the rank's own.
+  std::vector<torch::Device> rng_devices() const;
+
+  // run_evaluation.cpp: the end of an epoch, and of the run.
+  EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress);
+  void write_report();
+
+  LoopOptions options_;
+  const LoopCallbacks& callbacks_;
+  comm::CommunicatorPtr communicator_ptr_;
+  comm::Communicator* communicator_;
+  int rank_, world_;
+  bool is_main_;
+  nn::ModelHolder model_;
+  torch::nn::Module& module_;
+  torch::optim::Optimizer& optimizer_;
+  optim::ZeroRedundancyOptimizer* sharded_;
+  std::shared_ptr<const data::Dataset> train_set_, eval_set_;
+  std::vector<double> user_lrs_;  // per param group, as fit() found them
+  std::vector<double> base_lrs_;  // per param group, world-size-scaled
+  CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
+  std::optional<torch::ScalarType> autocast_dtype_;
+  amp::GradScaler scaler_;        // disabled unless the precision scales the loss
+
+  std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
+  std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
+  std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
+  std::unique_ptr<RunRecorder> records_;  // rank 0's
+  std::unique_ptr<RunTimeline> run_timeline_;
+  monitor::Timeline* timeline_ = nullptr;  // run_timeline_'s; null without one
+  std::unique_ptr<ProgressReporter> progress_;
+  CheckpointState resumed_;
+  RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
+  int64_t steps_per_epoch_ = 0;  // the same on every rank: rank 0's batches, accumulate_batches to a step
+  int64_t step_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace tandem::train

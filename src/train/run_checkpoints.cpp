@@ -1,0 +1,113 @@
+// The Run's checkpoints (train/run.h): continuing from one, and writing one. A checkpoint is written by rank 0
+// alone, after every rank has sent it what only that rank has: its generators and, with a sharded optimizer, its
+// share of the state.
+#include <fmt/format.h>
+
+#include "run.h"
+#include "tandem/comm/rank_agreement.h"
+#include "tandem/train/run_directory.h"
+#include "tandem/util/log.h"
+
+namespace tandem::train {
+namespace {
+
+// batches_done counts batches of the data order and the training set the checkpoint was written with: under
+// another order or other data it would skip or repeat samples. `now` is this run's state at its start.
+void require_same_data(const CheckpointState& saved, const CheckpointState& now, const std::string& path) {
+  const bool same_batches = saved.batch_size == 0 ||  // first-format checkpoints did not record it
+                            (saved.batch_size == now.batch_size && saved.shuffle == now.shuffle &&
+                             saved.drop_last == now.drop_last);
+  if (saved.world_size != now.world_size || saved.sampler_seed != now.sampler_seed || saved.epochs != now.epochs ||
+      !same_batches) {
+    throw InvalidArgument(fmt::format(
+        "{} was written by a run with world size {}, `seed` {}, `epochs` {}, `batch_size` {}{}; resume with the "
+        "same values (now {}, {}, {}, {}{}), or start a new run in another `run_dir`",
+        path, saved.world_size, saved.sampler_seed, saved.epochs, saved.batch_size, saved.shuffle ? "" : ", unshuffled",
+        now.world_size, now.sampler_seed, now.epochs, now.batch_size, now.shuffle ? "" : ", unshuffled"));
+  }
+  // Checkpoints of tandems that did not record the training set say 0 samples; a fingerprint of 0 cannot tell.
+  if (saved.train_samples != 0 &&
+      (saved.train_samples != now.train_samples ||
+       (saved.train_fingerprint != 0 && now.train_fingerprint != 0 && saved.train_fingerprint != now.train_fingerprint))) {
+    throw InvalidArgument(fmt::format(
+        "{} was written by a run on a training set of {} samples (fingerprint {:016x}), and this run's has {} "
+        "(fingerprint {:016x}); resume with the same training data, or start a new run in another `run_dir`",
+        path, saved.train_samples, saved.train_fingerprint, now.train_samples, now.train_fingerprint));
+  }
+}
+
+}  // namespace
+
+std::vector<torch::Device> Run::rng_devices() const {
+  return dp_model_ ? dp_model_->devices() : std::vector<torch::Device>{options_.device};
+}
+
+void Run::resume_from(const std::string& checkpoint) {
+  comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
+    ExtraState extra;
+    resumed_ = load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    require_same_data(resumed_, checkpoint_state(0, {}), checkpoint);
+    restore_rng_states(resumed_.rng, rank_, world_, rng_devices());
+    if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
+    if (callbacks_.load_extra) callbacks_.load_extra(extra);
+  });
+  step_ = resumed_.step;
+  log::main_info("resuming from {} (epoch {}, batch {}, step {})", checkpoint, resumed_.epoch, resumed_.batches_done,
+                 resumed_.step);
+  if (options_.comm_hook == "powersgd" && step_ > options_.powersgd.start_powersgd_iter) {
+    log::main_info("PowerSGD's error feedback and warm-start state are not in checkpoints: they start anew here, so "
+                   "this run does not continue bit-identically");
+  }
+  if (resumed_.precision != amp::to_string(options_.precision)) {
+    log::main_info("the run trained in precision {} so far and continues in {}", resumed_.precision,
+                   amp::to_string(options_.precision));
+  }
+  if (resumed_.epoch >= options_.epochs || steps_exhausted()) {
+    log::main_info("{} has already finished training; nothing is left to do (pass another `run_dir` for a new run)",
+                   options_.run_dir);
+  }
+}
+
+// The run's state after `progress.batches_done` batches of `epoch`, with that epoch's loss and time so far.
+CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) const {
+  CheckpointState state;
+  state.epoch = epoch;
+  state.batches_done = progress.batches_done;
+  state.step = step_;
+  state.lr = optimizer_.param_groups()[0].options().get_lr();
+  state.base_lr = base_lrs_[0];
+  state.lrf = options_.lrf;
+  state.warmup_steps = options_.warmup_steps;
+  state.epochs = options_.epochs;
+  state.sampler_seed = options_.seed;
+  state.world_size = world_;
+  state.batch_size = options_.batch_size;
+  state.shuffle = options_.shuffle;
+  state.drop_last = options_.drop_last;
+  state.train_samples = train_set_->size();
+  state.train_fingerprint = train_set_->fingerprint();
+  state.precision = amp::to_string(options_.precision);
+  if (scaler_.is_enabled()) state.grad_scaler = scaler_.state_dict();
+  state.epoch_loss_sum = progress.loss_sum;
+  state.epoch_steps = progress.steps;
+  state.epoch_train_seconds = progress.seconds;
+  state.epoch_samples = progress.samples;
+  return state;
+}
+
+// Rank 0 writes the checkpoint; every rank learns whether it worked.
+void Run::write_checkpoint(const CheckpointState& state) {
+  if (!options_.checkpoint) return;
+  CheckpointState complete = state;
+  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
+  if (sharded_) sharded_->consolidate_state_dict(0);
+  comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
+    if (!is_main_) return;
+    const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
+    save_checkpoint(checkpoint_path(options_.run_dir, state.epoch, state.batches_done), module_, optimizer_, complete,
+                    extra);
+    prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
+  });
+}
+
+}  // namespace tandem::train

@@ -1,0 +1,64 @@
+// The end of the Run's epochs (train/run.h): evaluation on the test set sharded across the ranks, the epoch's
+// metrics line and records, and the report at the end of the run.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "run.h"
+#include "tandem/comm/rank_agreement.h"
+#include "tandem/comm/value_collectives.h"
+#include "tandem/train/evaluation.h"
+#include "tandem/util/log.h"
+
+namespace tandem::train {
+
+EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
+  EpochMetrics m;
+  m.epoch = epoch;
+  m.loss = progress.steps > 0 ? progress.loss_sum / progress.steps : 0.0;
+  m.lr = optimizer_.param_groups()[0].options().get_lr();
+  // The slowest rank's time is the epoch's, and every rank reports the same metrics.
+  torch::Tensor seconds = torch::tensor({progress.seconds}, torch::kFloat64);
+  if (communicator_ && world_ > 1) comm::all_reduce_values(*communicator_, seconds, comm::ReduceOp::Max);
+  m.train_seconds = seconds.item<double>();
+  m.samples_per_second = m.train_seconds > 0 ? progress.samples / m.train_seconds : 0.0;
+  m.step = step_;
+  // Each rank's buffers (BatchNorm's running statistics) moved with its own last batch, after that step's
+  // broadcast: every rank takes rank 0's, so that what is evaluated is what the checkpoint saves. Uneven inputs
+  // ended in Join, which already gave every rank the replica of the last rank to train.
+  if (ddp_model_ && world_ > 1 && !options_.uneven_inputs && !module_.buffers().empty()) {
+    ddp_model_->reducer().copy_replica_from(0);
+  }
+  if (eval_loader_) {
+    // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
+    module_.eval();
+    const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return in_precision([&] { return model_.forward(x); }); },
+                                       *eval_loader_, epoch, communicator_);
+    m.accuracy = counts.accuracy();
+    m.correct = counts.correct;
+    m.total = counts.total;
+  }
+  comm::run_on_all_ranks(communicator_, "to write metrics.jsonl", [&] {
+    if (!is_main_) return;
+    const std::string accuracy = eval_loader_ ? fmt::format(" accuracy {:.4f}", m.accuracy) : "";
+    std::printf("[epoch %d] loss %.4f%s lr %s\n", epoch, m.loss, accuracy.c_str(), fmt::format("{:.6g}", m.lr).c_str());
+    std::fflush(stdout);
+    records_->record_epoch(m);
+  });
+  if (callbacks_.on_epoch_end) {
+    comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] { callbacks_.on_epoch_end(m); });
+  }
+  return m;
+}
+
+// The training is done and saved by now: a report that cannot be drawn is worth a line, not a failed run.
+void Run::write_report() {
+  if (!is_main_) return;
+  try {
+    log::main_info("report: {}", records_->write_report());
+  } catch (const std::exception& error) {
+    log::main_info("no report written: {}", error.what());
+  }
+}
+
+}  // namespace tandem::train

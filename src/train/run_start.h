@@ -1,0 +1,20 @@
+#pragma once
+// Where a run keeps its files, chosen by rank 0 and told to every rank before anything is trained: the run dir
+// given, the launcher's runs/<run id> shared by every attempt of a job, the newest run under runs/ (resume), or a
+// new runs/<timestamp>; and the newest intact checkpoint in it to continue from. Internal to the loop.
+#include <string>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/train/loop_options.h"
+
+namespace tandem::train {
+
+struct RunStart {
+  std::string run_dir;     // created
+  std::string checkpoint;  // empty: a new run
+};
+
+// Collective. Throws InvalidArgument on every rank when `resume` finds nothing to continue.
+RunStart start_run(const LoopOptions& options, comm::Communicator* communicator);
+
+}  // namespace tandem::train
