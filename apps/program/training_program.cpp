@@ -13,6 +13,7 @@
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
+#include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
 #include "tandem/util/output_path.h"
@@ -21,18 +22,6 @@ namespace tandem::app {
 using train::Strategy;
 
 namespace {
-
-// Opens --data and resolves the options that depend on it (num_classes, image_size, min_crop_scale) in place, so
-// that every rank and describe() see the same values.
-data::DataFolder open_data(data::DataFolderOptions& folder) {
-  data::DataFolder data = data::open_data_folder(folder);
-  if (folder.num_classes == 0) folder.num_classes = data.num_classes;
-  if (folder.num_classes < data.num_classes) {
-    throw InvalidArgument(fmt::format("--num-classes {} is fewer than the {} classes in {}", folder.num_classes,
-                                      data.num_classes, folder.dir));
-  }
-  return data;
-}
 
 // --model built for the data, seeded so that every rank starts alike (DDP then makes rank 0's weights everyone's),
 // with --init weights, --sync-bn and --freeze-layers applied.
@@ -43,11 +32,8 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
   nn::Model model;
   comm::run_on_all_ranks(group, "to build the model", [&] {
     model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
-  });
-  torch::nn::Module& module = *model.module.ptr();
-  comm::run_on_all_ranks(group, "to load --init weights", [&] {
     if (o.init_weights.empty()) return;
-    train::LoadReport report = train::load_weights(module, o.init_weights, o.strict);
+    train::LoadReport report = train::load_weights(*model.module.ptr(), o.init_weights, o.strict);
     if (!is_main) return;
     log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
     for (const auto& s : report.skipped) log::warn("skipped {}", s);
@@ -58,7 +44,7 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
   if (o.sync_bn) {
     nn::convert_sync_batchnorm(model.module.ptr(), communicator);
     // Every rank holds the same model, so every rank refuses alike.
-    if (nn::count_sync_batchnorm(module) == 0) {
+    if (nn::count_sync_batchnorm(*model.module.ptr()) == 0) {
       throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
                                         "or train a model with BatchNorm (cnn-bn, resnet18, resnet34)",
                                         o.model));
@@ -69,23 +55,6 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
   }
   return model;
-}
-
-// Every file and folder the run writes into (rank 0 writes them all), checked before the data is loaded: a path
-// that fails at the end would throw the whole training away.
-void check_output_paths(const TrainingProgramOptions& program) {
-  const train::LoopOptions& o = program.loop;
-  if (!program.save_weights.empty()) require_writable_file("--save-weights", program.save_weights);
-  if (!o.timeline_path.empty()) require_writable_file("--timeline", o.timeline_path);
-  // Without --run-dir, rank 0 makes (or with --resume finds) runs/<timestamp> in the working folder.
-  if (o.run_dir.empty()) {
-    require_creatable_folder("the runs folder (--run-dir to choose another)", "runs");
-  } else {
-    require_creatable_folder("--run-dir", o.run_dir);
-    if (o.report && std::filesystem::is_directory(o.run_dir)) {
-      require_writable_file("the report", o.run_dir + "/report.html");
-    }
-  }
 }
 
 // The resolved configuration as `key: value` lines, what rank 0 prints at the run's start.
@@ -120,8 +89,7 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("seed", std::to_string(o.seed));
   line("shuffle", o.shuffle ? "yes" : "no");
   if (data.is_mnist) {
-    const data::Normalization norm = folder.normalization ? *folder.normalization : data::guess_normalization(folder.dir);
-    line("normalize", fmt::format("mean {} std {}", norm.mean, norm.std));
+    line("normalize", fmt::format("mean {} std {}", folder.normalization->mean, folder.normalization->std));
   } else {
     line("image size", std::to_string(folder.image_size));
     line("val split", fmt::format("{}", folder.val_split));
@@ -147,14 +115,6 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("timeline", o.timeline_path.empty() ? "no"
                    : fmt::format("steps {}-{} to {}", o.timeline_steps.first, o.timeline_steps.last, o.timeline_path));
   return out;
-}
-
-std::vector<torch::Tensor> trainable_parameters(const nn::Model& model) {
-  std::vector<torch::Tensor> trainable;
-  for (auto& p : model.module.ptr()->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
-  return trainable;
 }
 
 }  // namespace
@@ -185,11 +145,16 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
     options.loop.dp_devices = dp::replica_devices(options.loop.device, options.dp_replicas);
   }
 
-  comm::run_on_all_ranks(group, "to check the output paths", [&] {
-    if (is_main) check_output_paths(options);
-  });
+  // The paths the run writes into are checked before the data loads: one that failed at the end would throw the
+  // whole training away.
   data::DataFolder data;
-  comm::run_on_all_ranks(group, "to load the data set", [&] { data = open_data(options.data); });
+  comm::run_on_all_ranks(group, "to check the output paths and load the data set", [&] {
+    if (is_main) {
+      train::check_run_outputs(options.loop);
+      if (!options.save_weights.empty()) require_writable_file("--save-weights", options.save_weights);
+    }
+    data = data::open_data_folder(options.data);
+  });
   nn::Model model = build_model(options, data, communicator);
 
   train::Loop loop(options.loop, communicator);
@@ -211,9 +176,9 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
   const auto sgd = torch::optim::SGDOptions(options.lr).momentum(options.momentum).weight_decay(options.weight_decay);
   const auto fit = [&](auto&& optimizer) { return loop.fit(model.module, optimizer, data.train, data.eval); };
   train::TrainResult result =
-      options.zero ? fit(optim::ZeroRedundancyOptimizer(trainable_parameters(model),
+      options.zero ? fit(optim::ZeroRedundancyOptimizer(nn::trainable_parameters(model),
                                                         optim::make_optimizer<torch::optim::SGD>(sgd), communicator))
-                   : fit(torch::optim::SGD(trainable_parameters(model), sgd));
+                   : fit(torch::optim::SGD(nn::trainable_parameters(model), sgd));
 
   comm::run_on_all_ranks(group, "to save --save-weights", [&] {
     if (is_main && !options.save_weights.empty()) {

@@ -21,13 +21,14 @@ bool is_image_folder(const std::string& dir) {
   return false;
 }
 
-DataFolder open_mnist_files(const DataFolderOptions& o) {
+DataFolder open_mnist_files(DataFolderOptions& o) {
   DataFolder d;
   d.is_mnist = true;
-  const Normalization normalization = o.normalization ? *o.normalization : guess_normalization(o.dir);
-  d.num_classes = o.num_classes > 0 ? o.num_classes : kMnistClasses;
-  auto train_set = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTrain, normalization, d.num_classes);
-  d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, normalization, d.num_classes);
+  if (!o.normalization) o.normalization = guess_normalization(o.dir);
+  if (o.num_classes == 0) o.num_classes = kMnistClasses;
+  d.num_classes = o.num_classes;
+  auto train_set = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTrain, *o.normalization, d.num_classes);
+  d.eval = std::make_shared<MnistDataset>(o.dir, MnistSplit::kTest, *o.normalization, d.num_classes);
   const int64_t side = train_set->images().size(2);
   if (o.image_size != 0 && o.image_size != side) {
     throw InvalidArgument(fmt::format("`image_size` {}: {} holds MNIST files of {}x{} images, which are used as "
@@ -44,6 +45,12 @@ DataFolder open_mnist_files(const DataFolderOptions& o) {
 DataFolder open_image_folder(DataFolderOptions& o) {
   DataFolder d;
   ImageFolderSplit split = read_split_data(o.dir, o.val_split, o.seed);
+  const auto classes = static_cast<int64_t>(split.classes.size());
+  if (o.num_classes == 0) o.num_classes = classes;
+  if (o.num_classes < classes) {
+    throw InvalidArgument(
+        fmt::format("`num_classes` {} is fewer than the {} classes in {}", o.num_classes, classes, o.dir));
+  }
   if (o.image_size == 0) o.image_size = 224;
   if (o.min_crop_scale == 0) o.min_crop_scale = default_min_crop_scale(o.image_size);
   ImageFolderOptions folder;
@@ -60,7 +67,7 @@ DataFolder open_image_folder(DataFolderOptions& o) {
   d.train = d.image_train;
   d.in_channels = 3;
   d.image_size = o.image_size;
-  d.num_classes = static_cast<int64_t>(split.classes.size());
+  d.num_classes = classes;
   d.classes = std::move(split.classes);
   return d;
 }

@@ -54,4 +54,12 @@ std::vector<std::string> freeze_all_but_head(Model& model) {
   return trainable;
 }
 
+std::vector<torch::Tensor> trainable_parameters(const Model& model) {
+  std::vector<torch::Tensor> trainable;
+  for (const auto& parameter : model.module.ptr()->parameters()) {
+    if (parameter.requires_grad()) trainable.push_back(parameter);
+  }
+  return trainable;
+}
+
 }  // namespace tandem::nn

@@ -13,6 +13,7 @@
 #include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
+#include "tandem/util/output_path.h"
 
 namespace tandem::train {
 namespace {
@@ -55,6 +56,19 @@ std::vector<std::string> entry_names(const std::string& dir) {
 }
 
 }  // namespace
+
+void check_run_outputs(const LoopOptions& options) {
+  if (!options.timeline_path.empty()) require_writable_file("`timeline_path`", options.timeline_path);
+  // Without a run dir, rank 0 makes (or with `resume` finds) runs/<timestamp> in the working folder.
+  if (options.run_dir.empty()) {
+    require_creatable_folder("the runs folder (`run_dir` to choose another)", "runs");
+    return;
+  }
+  require_creatable_folder("`run_dir`", options.run_dir);
+  if (options.report && fs::is_directory(options.run_dir)) {
+    require_writable_file("the report", options.run_dir + "/report.html");
+  }
+}
 
 std::string timestamped_run_dir(const std::string& runs_dir) {
   std::time_t now = std::time(nullptr);

@@ -17,7 +17,8 @@ namespace tandem::data {
 struct DataFolderOptions {
   std::string dir;
   std::optional<Normalization> normalization;  // MNIST only; unset: guessed from the folder's name
-  // MNIST only: labels must lie below it (an image folder has one class per sub-folder); 0: kMnistClasses.
+  // Labels lie below it, and the model has as many outputs. 0: kMnistClasses for MNIST files (whose labels must
+  // then be 0-9), the class folders of an image folder (which refuses fewer than it has).
   int64_t num_classes = 0;
   // Image folders only. image_size 0: 224 (MNIST files refuse any size but their own); min_crop_scale 0: by
   // image size (crop_defaults.h).
@@ -39,9 +40,10 @@ struct DataFolder {
   int64_t num_classes = 10;
 };
 
-// Opens `options.dir` and resolves options' data-dependent defaults (image_size, min_crop_scale) in place, so
-// that every rank and the printed configuration see the same values. Throws InvalidArgument naming the folder
-// when it holds neither kind, or --image-size for MNIST files of another size.
+// Opens `options.dir` and resolves options' data-dependent defaults (num_classes, normalization, image_size,
+// min_crop_scale) in place, so that every rank and the printed configuration see the same values. Throws
+// InvalidArgument naming the folder when it holds neither kind, `image_size` for MNIST files of another size, or
+// `num_classes` for fewer than an image folder's classes.
 DataFolder open_data_folder(DataFolderOptions& options);
 
 }  // namespace tandem::data

@@ -45,5 +45,7 @@ struct ModelRegistration {
 
 // Sets requires_grad=false on every parameter outside `model.head_prefixes`; returns the trainable names.
 std::vector<std::string> freeze_all_but_head(Model& model);
+// The parameters that still require a gradient: what the optimizer takes (all of them unless frozen).
+std::vector<torch::Tensor> trainable_parameters(const Model& model);
 
 }  // namespace tandem::nn

@@ -6,7 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "tandem/train/loop_options.h"
+
 namespace tandem::train {
+
+// Checks, on the rank that writes them (rank 0), that every file and folder a run with `options` writes into can
+// be written: the run dir (or runs/ without one), the report, the timeline. A path that fails at the end would
+// throw the whole training away, so a program calls this before it loads its data. Throws InvalidArgument
+// naming the field and the path.
+void check_run_outputs(const LoopOptions& options);
 
 // runs_dir/YYYYmmdd-HHMMSS of the current local time, with a -N suffix if that name is taken. Not created.
 std::string timestamped_run_dir(const std::string& runs_dir = "runs");
