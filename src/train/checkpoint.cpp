@@ -8,10 +8,9 @@
 
 #include <cstdio>
 #include <string_view>
-#include <type_traits>
 #include <typeinfo>
-#include <variant>
 
+#include "checkpoint_fields.h"
 #include "tandem/monitor/crc32c.h"
 #include "tandem/optim/optimizer_archive.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
@@ -34,17 +33,6 @@ constexpr const char* kCpuRng = "rng.cpu";
 constexpr const char* kDeviceRng = "rng.device";
 constexpr const char* kChecksumPrefix = "crc32c.";
 constexpr const char* kHeaderChecksum = "crc32c.__header__";
-
-std::string get_meta(const TensorFile& file, const std::string& key, const std::string& path) {
-  auto it = file.metadata.find(key);
-  if (it == file.metadata.end()) throw InvalidArgument(path + ": checkpoint metadata lacks '" + key + "'");
-  return it->second;
-}
-
-std::string optional_meta(const TensorFile& file, const std::string& key, const std::string& fallback) {
-  auto it = file.metadata.find(key);
-  return it == file.metadata.end() ? fallback : it->second;
-}
 
 uint64_t fingerprint_of(const torch::Tensor& bytes) {
   return Fingerprint().add(bytes.data_ptr(), static_cast<size_t>(bytes.numel())).value();
@@ -98,126 +86,15 @@ std::string damage_of(const TensorFile& file, const std::string& path) {
   return "";
 }
 
-// One metadata value of a checkpoint: its key, the member that holds it, and the value a checkpoint without it
-// stands for (nullptr: the key is required). Numbers are written as decimal text, doubles with %.17g so that
-// they read back bit for bit, bools as "1" or "0".
-template <typename Owner>
-struct Field {
-  const char* key;
-  std::variant<int Owner::*, int64_t Owner::*, uint64_t Owner::*, double Owner::*, bool Owner::*,
-               std::string Owner::*>
-      member;
-  const char* fallback = nullptr;
-};
-
-// Written into every checkpoint; those with a fallback are missing from the checkpoints of older tandems.
-const Field<CheckpointState> kStateFields[] = {
-    {"epoch", &CheckpointState::epoch},
-    {"batches_done", &CheckpointState::batches_done},
-    {"step", &CheckpointState::step},
-    {"lr", &CheckpointState::lr},
-    {"base_lr", &CheckpointState::base_lr},
-    {"lrf", &CheckpointState::lrf},
-    {"warmup_steps", &CheckpointState::warmup_steps, "0"},
-    {"epochs", &CheckpointState::epochs},
-    {"sampler_seed", &CheckpointState::sampler_seed},
-    {"world_size", &CheckpointState::world_size},
-    // Checkpoints of the first format came from tandem train, whose batches are cut the same way throughout a run.
-    {"batch_size", &CheckpointState::batch_size, "0"},
-    {"shuffle", &CheckpointState::shuffle, "1"},
-    {"drop_last", &CheckpointState::drop_last, "1"},
-    {"train_samples", &CheckpointState::train_samples, "0"},
-    {"train_fingerprint", &CheckpointState::train_fingerprint, "0"},
-    {"precision", &CheckpointState::precision, "32"},
-};
-
-// The unfinished epoch's training so far: written inside an epoch only (batches_done > 0), read where
-// epoch_steps is. Mid-epoch checkpoints of older tandems lack it; the epoch's metrics line then covers only the
-// batches trained after the resume.
-const Field<CheckpointState> kEpochProgressFields[] = {
-    {"epoch_loss_sum", &CheckpointState::epoch_loss_sum},
-    {"epoch_steps", &CheckpointState::epoch_steps},
-    {"epoch_train_seconds", &CheckpointState::epoch_train_seconds},
-    {"epoch_samples", &CheckpointState::epoch_samples, "0"},
-};
-constexpr const char* kEpochProgressMarker = "epoch_steps";
-
-// The loss scaler's state, written and read only where the run has one (16-mixed).
-const Field<amp::GradScalerState> kGradScalerFields[] = {
-    {"grad_scaler.scale", &amp::GradScalerState::scale},
-    {"grad_scaler.growth_factor", &amp::GradScalerState::growth_factor},
-    {"grad_scaler.backoff_factor", &amp::GradScalerState::backoff_factor},
-    {"grad_scaler.growth_interval", &amp::GradScalerState::growth_interval},
-    {"grad_scaler.growth_tracker", &amp::GradScalerState::growth_tracker},
-};
-constexpr const char* kGradScalerMarker = "grad_scaler.scale";
-
-template <typename Value>
-std::string text_of(const Value& value) {
-  if constexpr (std::is_same_v<Value, bool>) {
-    return value ? "1" : "0";
-  } else if constexpr (std::is_same_v<Value, double>) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%.17g", value);
-    return text;
-  } else if constexpr (std::is_same_v<Value, std::string>) {
-    return value;
-  } else {
-    return std::to_string(value);
-  }
-}
-
-// Throws std::logic_error (invalid_argument, out_of_range) on text that is not a number of that type.
-template <typename Value>
-Value value_of(const std::string& text) {
-  if constexpr (std::is_same_v<Value, bool>) {
-    return text == "1";
-  } else if constexpr (std::is_same_v<Value, double>) {
-    return std::stod(text);
-  } else if constexpr (std::is_same_v<Value, std::string>) {
-    return text;
-  } else if constexpr (std::is_same_v<Value, int>) {
-    return std::stoi(text);
-  } else if constexpr (std::is_same_v<Value, int64_t>) {
-    return std::stoll(text);
-  } else {
-    static_assert(std::is_same_v<Value, uint64_t>, "a checkpoint field of a type without a text form");
-    return std::stoull(text);
-  }
-}
-
-template <typename Owner, size_t N>
-void write_fields(const Field<Owner> (&fields)[N], const Owner& owner, std::map<std::string, std::string>& meta) {
-  for (const auto& field : fields) {
-    std::visit([&](auto member) { meta[field.key] = text_of(owner.*member); }, field.member);
-  }
-}
-
-template <typename Owner, size_t N>
-void read_fields(const Field<Owner> (&fields)[N], const TensorFile& file, const std::string& path, Owner& owner) {
-  for (const auto& field : fields) {
-    const std::string text =
-        field.fallback ? optional_meta(file, field.key, field.fallback) : get_meta(file, field.key, path);
-    std::visit(
-        [&](auto member) {
-          using Value = std::remove_reference_t<decltype(owner.*member)>;
-          owner.*member = value_of<Value>(text);
-        },
-        field.member);
-  }
-}
-
-std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& optimizer, const torch::Tensor& archive,
+std::map<std::string, std::string> metadata_of(const std::string& optimizer_kind, const torch::Tensor& archive,
                                                const CheckpointState& state, const ExtraState& extra) {
   std::map<std::string, std::string> meta{
       {"format", kCheckpointFormat},
-      {"optimizer", optimizer_kind(optimizer)},
+      {"optimizer", optimizer_kind},
       {"optimizer_fingerprint", std::to_string(fingerprint_of(archive))},
       {"libtorch_major", std::to_string(TORCH_VERSION_MAJOR)},
   };
-  write_fields(kStateFields, state, meta);
-  if (state.batches_done > 0) write_fields(kEpochProgressFields, state, meta);
-  if (state.grad_scaler) write_fields(kGradScalerFields, *state.grad_scaler, meta);
+  write_state_fields(state, meta);
   for (const auto& [key, value] : extra.values) {
     if (key.empty()) throw InvalidArgument("ExtraState: a value has an empty name");
     meta[kExtraPrefix + key] = value;
@@ -226,14 +103,7 @@ std::map<std::string, std::string> metadata_of(const torch::optim::Optimizer& op
 }
 
 CheckpointState read_state(const TensorFile& file, const std::string& path) {
-  CheckpointState state;
-  try {
-    read_fields(kStateFields, file, path, state);
-    if (file.metadata.count(kEpochProgressMarker)) read_fields(kEpochProgressFields, file, path, state);
-    if (file.metadata.count(kGradScalerMarker)) read_fields(kGradScalerFields, file, path, state.grad_scaler.emplace());
-  } catch (const std::logic_error& error) {  // stoi & co on a damaged value
-    throw InvalidArgument(path + ": checkpoint metadata holds a malformed number");
-  }
+  CheckpointState state = read_state_fields(file, path);
   state.rng.cpu = file.find(kCpuRng);
   state.rng.device = file.find(kDeviceRng);
   return state;
@@ -258,8 +128,8 @@ void check_same_libtorch(const TensorFile& file, const std::string& path) {
 }
 
 void restore_optimizer(const TensorFile& file, const std::string& path, torch::optim::Optimizer& optimizer,
-                       torch::Device device) {
-  const std::string saved_kind = get_meta(file, "optimizer", path), kind = optimizer_kind(optimizer);
+                       const std::string& kind, torch::Device device) {
+  const std::string saved_kind = get_meta(file, "optimizer", path);
   if (saved_kind != kind) {
     throw InvalidArgument(fmt::format("{} holds the state of a {} optimizer, but this run trains with {}; resume with "
                                       "the optimizer the run started with, or start a new run in another run dir",
@@ -292,10 +162,10 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
 
 // tandem-checkpoint-1 held SGD momentum buffers by parameter name, the only optimizer tandem had then.
 void restore_first_format_momentum(const TensorFile& file, const std::string& path, const torch::nn::Module& module,
-                                   torch::optim::Optimizer& optimizer) {
-  if (!dynamic_cast<torch::optim::SGD*>(&optimizer)) {
+                                   torch::optim::Optimizer& optimizer, const std::string& kind) {
+  if (kind != c10::demangle(typeid(torch::optim::SGD).name())) {
     throw InvalidArgument(fmt::format("{} is a {} checkpoint, which holds SGD state only; this run trains with {}",
-                                      path, kFirstFormat, optimizer_kind(optimizer)));
+                                      path, kFirstFormat, kind));
   }
   std::map<std::string, torch::Tensor> momentum;
   const std::string prefix = kFirstFormatMomentumPrefix;
@@ -329,19 +199,10 @@ void read_extra(const TensorFile& file, ExtraState& extra) {
   }
 }
 
-}  // namespace
-
-std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
-  // A sharded optimizer saves its consolidated state as a plain one of its local kind would, so a checkpoint
-  // resumes with or without sharding.
-  if (const auto* sharded = dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&optimizer)) {
-    return optimizer_kind(sharded->local_optimizer());
-  }
-  return c10::demangle(typeid(optimizer).name());
-}
-
-void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
-                     const CheckpointState& state, const ExtraState& extra) {
+// `optimizer`'s state, recorded as of `kind`.
+void save_checkpoint_of_kind(const std::string& path, const torch::nn::Module& module,
+                             const torch::optim::Optimizer& optimizer, const std::string& kind,
+                             const CheckpointState& state, const ExtraState& extra) {
   // On the CPU and contiguous as the file holds them, so that the checksums are of the bytes written.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   const auto add = [&](const std::string& name, const torch::Tensor& tensor) {
@@ -356,22 +217,15 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
     if (name.empty()) throw InvalidArgument("ExtraState: a tensor has an empty name");
     add(kExtraPrefix + name, tensor);
   }
-  std::map<std::string, std::string> metadata = metadata_of(optimizer, archive, state, extra);
+  std::map<std::string, std::string> metadata = metadata_of(kind, archive, state, extra);
   for (const auto& [name, tensor] : tensors) metadata[kChecksumPrefix + name] = checksum_text(checksum_of_bytes(tensor));
   metadata[kHeaderChecksum] = checksum_text(checksum_of_header(tensors, metadata));
   save_safetensors(path, tensors, metadata);
 }
 
-std::string checkpoint_damage(const std::string& path) {
-  try {
-    return damage_of(load_safetensors(path), path);
-  } catch (const InvalidArgument& unreadable) {  // truncated, or not safetensors at all
-    return unreadable.what();
-  }
-}
-
-CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                ExtraState* extra) {
+CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer, const std::string& kind,
+                                        ExtraState* extra) {
   TensorFile file = load_safetensors(path);
   const std::string format = optional_meta(file, "format", "");
   if (format != kCheckpointFormat && format != kSecondFormat && format != kFirstFormat) {
@@ -379,7 +233,7 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
   }
   const std::string damage = damage_of(file, path);
   if (!damage.empty()) {
-    throw InvalidArgument(damage + "; continue from an older checkpoint, or start a new run in another --run-dir");
+    throw InvalidArgument(damage + "; continue from an older checkpoint, or start a new run in another `run_dir`");
   }
   if (format != kCheckpointFormat) {
     log::main_info("{} is a {} checkpoint, written before checkpoints carried checksums: it is loaded unverified",
@@ -394,12 +248,51 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
   }
   load_weights(module, model_part, path, /*strict=*/true);
   if (format == kFirstFormat) {
-    restore_first_format_momentum(file, path, module, optimizer);
+    restore_first_format_momentum(file, path, module, optimizer, kind);
   } else {
-    restore_optimizer(file, path, optimizer, device_of(module));
+    restore_optimizer(file, path, optimizer, kind, device_of(module));
   }
   if (extra) read_extra(file, *extra);
   return state;
+}
+
+}  // namespace
+
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer) { return c10::demangle(typeid(optimizer).name()); }
+
+// A sharded optimizer saves its consolidated state as a plain one of its local kind would, so a checkpoint
+// resumes with or without sharding.
+std::string optimizer_kind(const optim::ZeroRedundancyOptimizer& optimizer) {
+  return optimizer_kind(optimizer.local_optimizer());
+}
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
+                     const CheckpointState& state, const ExtraState& extra) {
+  save_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), state, extra);
+}
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module,
+                     const optim::ZeroRedundancyOptimizer& optimizer, const CheckpointState& state,
+                     const ExtraState& extra) {
+  save_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), state, extra);
+}
+
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                ExtraState* extra) {
+  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), extra);
+}
+
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra) {
+  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), extra);
+}
+
+std::string checkpoint_damage(const std::string& path) {
+  try {
+    return damage_of(load_safetensors(path), path);
+  } catch (const InvalidArgument& unreadable) {  // truncated, or not safetensors at all
+    return unreadable.what();
+  }
 }
 
 }  // namespace tandem::train

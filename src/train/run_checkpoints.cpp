@@ -45,7 +45,8 @@ std::vector<torch::Device> Run::rng_devices() const {
 void Run::resume_from(const std::string& checkpoint) {
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     ExtraState extra;
-    resumed_ = load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
+                        : load_checkpoint(checkpoint, module_, optimizer_, &extra);
     require_same_data(resumed_, checkpoint_state(0, {}), checkpoint);
     restore_rng_states(resumed_.rng, rank_, world_, rng_devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
@@ -63,7 +64,7 @@ void Run::resume_from(const std::string& checkpoint) {
                    amp::to_string(options_.precision));
   }
   if (resumed_.epoch >= options_.epochs || steps_exhausted()) {
-    log::main_info("{} has already finished training; nothing is left to do (pass another `run_dir` for a new run)",
+    log::main_info("{} has already finished training; nothing is left to do (a new run needs another run dir)",
                    options_.run_dir);
   }
 }
@@ -104,8 +105,12 @@ void Run::write_checkpoint(const CheckpointState& state) {
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
-    save_checkpoint(checkpoint_path(options_.run_dir, state.epoch, state.batches_done), module_, optimizer_, complete,
-                    extra);
+    const std::string path = checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
+    if (sharded_) {
+      save_checkpoint(path, module_, *sharded_, complete, extra);
+    } else {
+      save_checkpoint(path, module_, optimizer_, complete, extra);
+    }
     prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
   });
 }

@@ -23,6 +23,10 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/train/rng_state.h"
 
+namespace tandem::optim {
+class ZeroRedundancyOptimizer;
+}  // namespace tandem::optim
+
 namespace tandem::train {
 
 inline constexpr const char* kCheckpointFormat = "tandem-checkpoint-3";
@@ -69,29 +73,38 @@ struct ExtraState {
 };
 
 // Writes model + optimizer + `state` (+ `extra`) to `path` atomically. `module` is the bare model (not a wrapper),
-// so names are the PyTorch ones. A ZeroRedundancyOptimizer must have been consolidated onto the calling rank
-// (consolidate_state_dict, on every rank) since its last step.
+// so names are the PyTorch ones.
 void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
                      const CheckpointState& state, const ExtraState& extra = {});
+// The same for sharded optimizer state, which is saved as the plain optimizer of its local kind would save it, so
+// that the run continues with or without sharding. It must have been consolidated onto the calling rank
+// (consolidate_state_dict, on every rank) since its last step.
+void save_checkpoint(const std::string& path, const torch::nn::Module& module,
+                     const optim::ZeroRedundancyOptimizer& optimizer, const CheckpointState& state,
+                     const ExtraState& extra = {});
 
 // Restores model weights (strict: every tensor must match) and the optimizer's state in place, its tensors on
 // the model's device, fills `extra` when given, and returns the state. Every entry and the header are checked
 // against their checksums first, before anything is restored. Throws InvalidArgument naming the file if it is
-// damaged (naming the entry whose checksum fails), truncated, not a tandem checkpoint, does not fit the model, was written with another kind of optimizer or by a build with
-// another LibTorch major version (the optimizer's archive does not carry across). The optimizer keeps its own
+// damaged (naming the entry whose checksum fails), truncated, not a tandem checkpoint, does not fit the model,
+// was written with another kind of optimizer or by a build with another LibTorch major version (the optimizer's archive does not carry across). The optimizer keeps its own
 // options (lr aside, which the caller's schedule sets); only its state comes from the file. A checkpoint of
 // the first format (tandem-checkpoint-1, SGD momentum only) still restores into an SGD optimizer. Checkpoints of
 // the formats before checksums (tandem-checkpoint-1 and -2) load unverified, with a note in the log.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra = nullptr);
+// The same into sharded optimizer state: each rank keeps its share of the saved state.
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra = nullptr);
 
 // What load_checkpoint checks before restoring anything: that the file at `path` reads whole, is a tandem
 // checkpoint and matches its checksums. Returns what is wrong, in one line starting with the path (and naming
 // the entry whose checksum fails), or "" when nothing is.
 std::string checkpoint_damage(const std::string& path);
 
-// The C++ type of an optimizer as a checkpoint records it, e.g. "torch::optim::AdamW"; for an
-// optim::ZeroRedundancyOptimizer, its local optimizer's type, whose format its consolidated state has.
+// The C++ type of an optimizer as a checkpoint records it, e.g. "torch::optim::AdamW"; for a sharded one, its
+// local optimizer's type, whose format its consolidated state has.
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer);
+std::string optimizer_kind(const optim::ZeroRedundancyOptimizer& optimizer);
 
 }  // namespace tandem::train
