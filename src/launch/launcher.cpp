@@ -78,7 +78,7 @@ class Supervisor {
     if (!plan_.log_dir.empty()) {
       std::error_code error;
       std::filesystem::create_directories(plan_.log_dir, error);
-      if (error) throw Error(fmt::format("cannot create --log-dir '{}': {}", plan_.log_dir, error.message()));
+      if (error) throw Error(fmt::format("cannot create `log_dir` '{}': {}", plan_.log_dir, error.message()));
     }
     for (int local = 0; local < plan_.nproc_per_node; ++local) {
       Worker& worker = workers_[static_cast<size_t>(local)];

@@ -190,17 +190,10 @@ const std::set<std::pair<std::string, std::string>> kFlagsAllowed = {
     // A whole `tandem run` command line, showing where the command goes: plan_launch() has none.
     {"src/launch/launch_options.cpp", "--nproc-per-node"},
 };
-// Files still being converted to field names; remove each from here once it is done.
-const std::set<std::string> kFilesBeingConverted = {
-    "src/train/loop.cpp",
-    "src/train/checkpoint.cpp",
-    "src/launch/launcher.cpp",
-};
 
 TEST(LibraryMessages, NameNoFlagOfTheProgram) {
   const std::regex flag("(^|[^A-Za-z0-9_-])(--[a-z][a-z0-9-]*)");
   for (const auto& [path, literals] : library_literals()) {
-    if (kFilesBeingConverted.count(path)) continue;
     for (const Literal& literal : literals) {
       for (std::sregex_iterator it(literal.text.begin(), literal.text.end(), flag), end; it != end; ++it) {
         const std::string name = (*it)[2];
