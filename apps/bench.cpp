@@ -20,7 +20,7 @@
 namespace tandem::app {
 namespace {
 
-struct TrainFlags {
+struct BenchTrainFlags {
   bench::TrainDriverOptions driver;
   std::string world_sizes = "1,2";
   std::string compare;
@@ -45,7 +45,7 @@ std::string worker_arguments(const bench::TrainDriverOptions& d, const std::stri
       o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter, mode, replicas, result_path);
 }
 
-int run_train(TrainFlags& flags) {
+int run_bench_train(BenchTrainFlags& flags) {
   bench::TrainDriverOptions& d = flags.driver;
   d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
   if (!flags.worker_mode.empty()) {
@@ -87,7 +87,7 @@ const CommandRegistration kBench{
           ->capture_default_str()
           ->check(at_least(1));
 
-      auto train_flags = std::make_shared<TrainFlags>();
+      auto train_flags = std::make_shared<BenchTrainFlags>();
       CLI::App* train = command.add_subcommand(
           "train",
           "Training steps per second for world sizes 1 and 2 with DDP and DataParallel, scaling efficiency, overlap; "
@@ -160,7 +160,7 @@ const CommandRegistration kBench{
       train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
 
       return [flags, allreduce, train_flags, train]() -> int {
-        if (train->parsed()) return run_train(*train_flags);
+        if (train->parsed()) return run_bench_train(*train_flags);
         bench::run_allreduce_command(*flags);
         return 0;
       };

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "support/tensor_values.h"
 #include "support/gpu.h"
 #include "tandem/data/batch_loader.h"
 #include "tandem/data/mnist_dataset.h"
@@ -25,10 +26,7 @@ std::shared_ptr<TensorDataset> numbered_dataset(int64_t n) {
   return std::make_shared<TensorDataset>(data, ids);
 }
 
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
+using testing::to_vector;
 
 BatchSampler make_batches(int64_t n, int64_t world, int64_t rank, int64_t batch_size, uint64_t seed = 0) {
   return BatchSampler(DistributedSampler(n, DistributedSamplerOptions{world, rank, true, seed, false}), batch_size);

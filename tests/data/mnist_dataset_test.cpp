@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "support/tensor_values.h"
 #include "tandem/data/idx_file.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/util/error.h"
@@ -121,10 +122,7 @@ void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' should contain '" << part << "'";
 }
 
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
+using testing::to_vector;
 
 TEST_F(MnistFiles, LoadsPlainFilesScaledAndNormalised) {
   write("t10k-images-idx3-ubyte", images_file());

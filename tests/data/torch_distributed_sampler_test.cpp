@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "support/tensor_values.h"
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/data/torch_distributed_sampler.h"
 #include "tandem/util/compat.h"
@@ -30,10 +31,7 @@ class NumberedTorchDataset : public torch::data::datasets::Dataset<NumberedTorch
   size_t size_;
 };
 
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
+using testing::to_vector;
 
 TEST(TorchDistributedSampler, RanksInTorchLoaderCoverEverySampleOncePlusPaddingInTandemOrder) {
   const int64_t world = 2;

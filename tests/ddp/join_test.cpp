@@ -120,7 +120,7 @@ TEST(JoinWorker, NoSyncMicroBatchesAndANoGradForward) {
   check_join_rank(options, "no_sync + no-grad forward", /*accumulate=*/true);
 }
 
-void expect_ranks_succeeded(const std::vector<ProcessResult>& results) {
+void expect_join_ranks_succeeded(const std::vector<ProcessResult>& results) {
   ASSERT_EQ(results.size(), static_cast<size_t>(kWorld));
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_FALSE(results[r].timed_out) << "rank " << r << " hung:\n" << results[r].output;
@@ -133,15 +133,15 @@ void expect_ranks_succeeded(const std::vector<ProcessResult>& results) {
 }
 
 TEST(Join, RanksWithThreeFiveAndNoBatchesMatchOneProcess) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.SeveralBucketsAndReplicaChecks", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.SeveralBucketsAndReplicaChecks", std::chrono::seconds(120)));
 }
 
 TEST(Join, UnevenRanksWithStaticGraphMatchOneProcess) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.FindUnusedWithStaticGraph", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.FindUnusedWithStaticGraph", std::chrono::seconds(120)));
 }
 
 TEST(Join, UnevenRanksAccumulatingUnderNoSyncMatchOneProcess) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.NoSyncMicroBatchesAndANoGradForward", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinWorker.NoSyncMicroBatchesAndANoGradForward", std::chrono::seconds(120)));
 }
 
 // --- Buffers under Join: BatchNorm's running statistics ----------------------------------------------------
@@ -261,7 +261,7 @@ TEST(JoinNormWorker, RankZeroStopsFirst) {
 }
 
 TEST(Join, BatchNormStatisticsFollowTheRanksStillTraining) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinNormWorker.RankZeroStopsFirst", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinNormWorker.RankZeroStopsFirst", std::chrono::seconds(120)));
 }
 
 // --- Optimizer state under Join, over two epochs ------------------------------------------------------------
@@ -375,11 +375,11 @@ TEST(JoinEpochsWorker, Adam) {
 }
 
 TEST(Join, ShadowingRanksKeepTheirMomentumAcrossEpochs) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinEpochsWorker.SgdWithMomentum", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinEpochsWorker.SgdWithMomentum", std::chrono::seconds(120)));
 }
 
 TEST(Join, ShadowingRanksKeepTheirAdamMomentsAcrossEpochs) {
-  expect_ranks_succeeded(run_worker_ranks(kWorld, "JoinEpochsWorker.Adam", std::chrono::seconds(120)));
+  expect_join_ranks_succeeded(run_worker_ranks(kWorld, "JoinEpochsWorker.Adam", std::chrono::seconds(120)));
 }
 
 struct WithSyncBatchNormImpl : torch::nn::Module {

@@ -37,12 +37,7 @@ ProcessResult tandem_run(const std::vector<std::string>& args, const std::map<st
   return testing::run_process(argv, env, kDeadline);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::read_file;
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 

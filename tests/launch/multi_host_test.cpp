@@ -32,12 +32,7 @@ constexpr auto kJobDeadline = 120s;
 constexpr int kTimeoutSeconds = 10;
 constexpr auto kExitMargin = 15s;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::read_file;
 
 // `tandem run` for node `host` of two, one worker each, node 0's address as the master, then `tandem train`.
 std::vector<std::string> launch_on(const NetworkNamespaces& hosts, int host, const std::vector<std::string>& run_flags,

@@ -16,7 +16,7 @@ namespace tandem::train {
 namespace {
 
 
-constexpr int64_t kStepsPerEpoch = 5;
+constexpr int64_t kRecordedStepsPerEpoch = 5;
 
 using testing::read_json_lines;
 
@@ -25,15 +25,15 @@ using testing::read_json_lines;
 // unfinished epoch at `last`, as a --steps stop writes it.
 void record(RunRecorder& recorder, int attempt, int64_t first, int64_t last, bool stop_early) {
   for (int64_t step = first; step <= last; ++step) {
-    const int epoch = static_cast<int>((step - 1) / kStepsPerEpoch);
+    const int epoch = static_cast<int>((step - 1) / kRecordedStepsPerEpoch);
     StepMetrics m;
     m.step = step;
     m.epoch = epoch;
-    m.batch = (step - 1) % kStepsPerEpoch;
+    m.batch = (step - 1) % kRecordedStepsPerEpoch;
     m.loss = attempt * 100 + step;
     m.lr = 0.1 * attempt;
     recorder.record_step(m);
-    if (step % kStepsPerEpoch == 0 || (stop_early && step == last)) {
+    if (step % kRecordedStepsPerEpoch == 0 || (stop_early && step == last)) {
       EpochMetrics e;
       e.epoch = epoch;
       e.loss = attempt * 1000 + step;

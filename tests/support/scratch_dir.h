@@ -4,6 +4,8 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -26,5 +28,13 @@ class ScratchDir {
  private:
   std::string path_;
 };
+
+// The whole text of the file at `path`; empty if it cannot be read.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 }  // namespace tandem::testing

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <vector>
 
+#include "tandem/data/tensor_dataset.h"
 #include "tandem/data/image.h"
 
 namespace tandem::testing {
@@ -75,6 +76,12 @@ std::string write_tiny_image_folder(const std::string& name, int per_class) {
     }
   }
   return root;
+}
+
+std::shared_ptr<const data::Dataset> separable_set(int64_t count, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::Tensor x = torch::randn({count, 8});
+  return std::make_shared<data::TensorDataset>(x, (x.sum(1) > 0).to(torch::kLong));
 }
 
 }  // namespace tandem::testing

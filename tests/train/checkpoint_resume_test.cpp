@@ -19,16 +19,12 @@ namespace tandem::train {
 namespace {
 
 using testing::make_temp_dir;
+using testing::separable_set;
 
-constexpr int kEpochs = 3;
-constexpr int64_t kBatch = 8;
+constexpr int kRunEpochs = 3;
+constexpr int64_t kRunBatch = 8;
 constexpr int64_t kStepsPerEpoch = 6;  // 48 samples in batches of 8, one rank
 
-std::shared_ptr<const data::Dataset> separable_set(int64_t count, uint64_t seed) {
-  torch::manual_seed(seed);
-  torch::Tensor x = torch::randn({count, 8});
-  return std::make_shared<data::TensorDataset>(x, (x.sum(1) > 0).to(torch::kLong));
-}
 
 torch::nn::Sequential make_net() {
   torch::manual_seed(7);
@@ -38,8 +34,8 @@ torch::nn::Sequential make_net() {
 
 LoopOptions options_for(const std::string& run_dir) {
   LoopOptions options;
-  options.epochs = kEpochs;
-  options.batch_size = kBatch;
+  options.epochs = kRunEpochs;
+  options.batch_size = kRunBatch;
   options.run_dir = run_dir;
   options.progress = false;
   options.report = false;
@@ -101,7 +97,7 @@ TEST(CheckpointResume, ATruncatedNewestCheckpointIsSkippedForTheNewestIntactOne)
 
   const Trained resumed = fit(options_for(run_dir));
   EXPECT_EQ(resumed.first_step, kStepsPerEpoch + 1) << "continued from the checkpoint after epoch 0";
-  EXPECT_EQ(resumed.result.steps, kEpochs * kStepsPerEpoch);
+  EXPECT_EQ(resumed.result.steps, kRunEpochs * kStepsPerEpoch);
   expect_identical(resumed.weights, uninterrupted.weights);
   EXPECT_TRUE(std::filesystem::exists(newest + ".damaged")) << "kept aside, where pruning cannot mistake it";
 }

@@ -28,7 +28,7 @@ namespace {
 
 using testing::make_temp_dir;
 
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(nn::CnnNet&)>;
+using CnnOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(nn::CnnNet&)>;
 
 std::unique_ptr<torch::optim::Optimizer> make_sgd(nn::CnnNet& net) {
   return std::make_unique<torch::optim::SGD>(net->parameters(),
@@ -58,12 +58,12 @@ CheckpointState sample_state() {
   return state;
 }
 
-struct OptimizerCase {
+struct CnnOptimizerCase {
   const char* name;
-  OptimizerFactory make;
+  CnnOptimizerFactory make;
 };
 
-class CheckpointOfOptimizer : public ::testing::TestWithParam<OptimizerCase> {};
+class CheckpointOfOptimizer : public ::testing::TestWithParam<CnnOptimizerCase> {};
 
 // The optimizer's whole state comes back (SGD momentum; Adam's moments and step counts, AdamW's too): the step
 // after a load equals the original's next step bit for bit.
@@ -98,22 +98,22 @@ TEST_P(CheckpointOfOptimizer, RestoresWeightsAndStateSoTheNextStepIsIdentical) {
 INSTANTIATE_TEST_SUITE_P(
     Optimizers, CheckpointOfOptimizer,
     ::testing::Values(
-        OptimizerCase{"SGD", make_sgd},
-        OptimizerCase{"Adam",
+        CnnOptimizerCase{"SGD", make_sgd},
+        CnnOptimizerCase{"Adam",
                       [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
                         return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3));
                       }},
-        OptimizerCase{"AdamW",
+        CnnOptimizerCase{"AdamW",
                       [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
                         return std::make_unique<torch::optim::AdamW>(net->parameters(),
                                                                      torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
                       }},
-        OptimizerCase{"RMSprop",
+        CnnOptimizerCase{"RMSprop",
                       [](nn::CnnNet& net) -> std::unique_ptr<torch::optim::Optimizer> {
                         return std::make_unique<torch::optim::RMSprop>(net->parameters(),
                                                                        torch::optim::RMSpropOptions(1e-3).momentum(0.9));
                       }}),
-    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+    [](const ::testing::TestParamInfo<CnnOptimizerCase>& info) { return std::string(info.param.name); });
 
 std::string load_error(const std::string& path, nn::CnnNet& net, torch::optim::Optimizer& optimizer) {
   try {

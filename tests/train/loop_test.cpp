@@ -25,16 +25,11 @@ namespace tandem::train {
 namespace {
 
 using testing::make_temp_dir;
+using testing::separable_set;
 
 constexpr int kEpochs = 3;
 constexpr int64_t kBatch = 8;
 
-// 96 samples of 8 features, labelled by the sign of their sum: 6 batches of 8 per rank on 2 ranks.
-std::shared_ptr<const data::Dataset> separable_set(int64_t count, uint64_t seed) {
-  torch::manual_seed(seed);
-  torch::Tensor x = torch::randn({count, 8});
-  return std::make_shared<data::TensorDataset>(x, (x.sum(1) > 0).to(torch::kLong));
-}
 
 torch::nn::Sequential make_net(uint64_t seed, double dropout = 0) {
   torch::manual_seed(seed);
