@@ -2,10 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <filesystem>
-#include <memory>
-
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/crop_defaults.h"
 #include "tandem/data/data_folder.h"
