@@ -1,9 +1,9 @@
 #include "tandem/comm/nccl/nccl_communicator.h"
 
-#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "tandem/comm/collective_tracker.h"
+#include "tandem/comm/nccl/nccl_device.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
 
@@ -15,17 +15,16 @@ namespace {
 // and the tracker then has time to find out why before the TimeoutError is thrown.
 constexpr std::chrono::milliseconds kWatchdogGrace = 2 * CollectiveTracker::kDiagnosisDeadline;
 
-// Checked before any NCCL call, so that the user reads why instead of NCCL's "duplicate GPU detected".
+// Checked before any NCCL call, so that the user reads why instead of NCCL's "duplicate GPU detected"
+// (nccl_device.h). A CUDA device the caller chose is kept; the check still refuses a node with too few GPUs.
 torch::Device checked_device(const RankLayout& layout, torch::Device device) {
-  const int visible = visible_gpu_count();
-  if (visible == 0) throw InvalidArgument("backend nccl needs a CUDA GPU, and none is visible; use `backend` gloo");
-  if (layout.local_world_size > visible) {
-    throw InvalidArgument(fmt::format("backend nccl: {} ranks on this node but only {} visible GPU(s), and NCCL "
-                                      "runs one rank per GPU; start at most {} per node, or use `backend` gloo to "
-                                      "share GPUs",
-                                      layout.local_world_size, visible, visible));
-  }
-  if (!device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(layout.local_rank));
+  NcclPlacement placement;
+  placement.local_rank = layout.local_rank;
+  placement.local_world_size = layout.local_world_size;
+  placement.visible_gpus = visible_gpu_count();
+  placement.scheduler_may_split_gpus = layout.source == "slurm";
+  const int index = nccl_device_index(placement);
+  if (!device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   return device;
 }
 

@@ -13,8 +13,9 @@ namespace tandem::comm {
 
 class NcclCommunicator : public C10dCommunicator {
  public:
-  // `device` is this rank's GPU; it becomes the current CUDA device. Throws InvalidArgument when no GPU is
-  // visible or this node starts more ranks than it has GPUs (NCCL cannot put two ranks on one GPU).
+  // `device` is this rank's GPU (a CPU device: the GPU nccl_device_index() picks); it becomes the current CUDA
+  // device. Throws InvalidArgument when no GPU is visible or this node's ranks would share GPUs (NCCL cannot put
+  // two ranks on one GPU); under SLURM, one visible GPU per task is each rank's own (nccl_device.h).
   NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout, torch::Device device);
 };
 
