@@ -1,24 +1,120 @@
 // `tandem bench`: benchmarks that print tables (and JSON with --json). This file is only the tables of flags;
-// the benchmarks live in tandem/bench/ (docs/benchmarks.md).
+// the benchmarks live in bench/ (docs/benchmarks.md).
 //   tandem run --nproc-per-node 2 -- tandem bench allreduce              (gloo, run as every rank)
 //   mpirun -np 2 tandem bench allreduce --backend mpi                     (mpi, run as every rank)
 //   tandem bench train [--backend mpi] [--compare pytorch]                (starts its own processes)
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "apps/command.h"
 #include "apps/flag_checks.h"
 #include "bench/allreduce_bench.h"
 #include "bench/allreduce_command.h"
+#include "bench/host.h"
 #include "bench/train_driver.h"
 #include "tandem/comm/backend.h"
+#include "tandem/ddp/named_comm_hook.h"
+#include "tandem/nn/model_registry.h"
 #include "tandem/util/error.h"
 
 namespace tandem::app {
 namespace {
+
+// Bounds of the flags whose type allows far more than a benchmark can use.
+// A deadline past a year is none.
+constexpr int kBenchLongestTimeoutSeconds = 365 * 24 * 3600;
+// As tandem train's: models are trained at 224 to 600 pixels, and the CNN's first dense layer grows with the
+// image's area.
+constexpr int64_t kBenchLargestImageSize = 1024;
+// DDP bucket caps in MiB: about 1 KB already puts every tensor but the smallest (biases) in a bucket of its own,
+// and 1 TiB, the library's cap for one bucket, holds any model.
+constexpr double kBenchSmallestBucketMb = 0.001;
+constexpr double kBenchLargestBucketMb = 1024.0 * 1024.0;
+
+// The benchmarks' own kinds of value, checked as the command line is read, beside flag_checks.h's ranges. CLI11
+// writes the flag's name in front of the text a check returns.
+
+// "" when `buffers` buffers of `bytes` each fit in this host's memory, else why not.
+std::string bench_buffers_fit(int64_t bytes, int buffers, const char* what) {
+  const int64_t memory = bench::host_memory_bytes();
+  if (bytes <= memory / buffers) return {};
+  return fmt::format("{} {} more than this host's memory ({:.1f}G); give a smaller size", bench::format_size(bytes),
+                     what, static_cast<double>(memory) / (int64_t{1} << 30));
+}
+
+// --sizes: bench::parse_sizes()'s grammar, the largest size fitting in memory.
+CLI::Validator bench_allreduce_sizes() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::vector<int64_t> sizes;
+        try {
+          sizes = bench::parse_sizes(text);
+        } catch (const InvalidArgument& error) {
+          return error.what();
+        }
+        return bench_buffers_fit(*std::max_element(sizes.begin(), sizes.end()), 1, "is");
+      },
+      "");
+}
+
+// --memcpy-size: one size; the copy's source and target both fit in memory.
+CLI::Validator bench_memcpy_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          return bench_buffers_fit(bench::parse_size(text), 2, "twice (the copy's source and target) is");
+        } catch (const InvalidArgument& error) {
+          return error.what();
+        }
+      },
+      "");
+}
+
+CLI::Validator bench_world_sizes() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          bench::parse_world_sizes(text);
+          return {};
+        } catch (const InvalidArgument& error) {
+          return error.what();
+        }
+      },
+      "");
+}
+
+std::string bench_model_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, description] : nn::registered_models()) names.push_back(name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+CLI::Validator bench_registered_model() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        for (const auto& [known, description] : nn::registered_models()) {
+          if (known == name) return {};
+        }
+        return fmt::format("unknown model '{}'; the models are {}", name, bench_model_names());
+      },
+      "");
+}
+
+// The help of both benchmarks' --backend: the backends of this build, and the one used without the flag
+// (comm::default_backend()).
+std::string bench_backend_help(const char* gpu_word) {
+  const auto backends = comm::available_backends();
+  const bool has_nccl = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
+  return fmt::format("Communication backend, one of this build's: {} (default: {})", fmt::join(backends, ", "),
+                     has_nccl ? fmt::format("nccl where {} on a GPU, else gloo", gpu_word)
+                              : std::string("gloo; nccl needs a build against a LibTorch with CUDA"));
+}
 
 struct BenchTrainFlags {
   bench::TrainDriverOptions driver;
@@ -29,6 +125,9 @@ struct BenchTrainFlags {
   std::string bucket_plan = "adapt";
   int replicas = 1;  // of a data-parallel worker
   std::string result_path;
+  // Flags that only matter beside another one; given without it, they are refused rather than ignored.
+  const CLI::Option* pytorch_script = nullptr;
+  std::vector<const CLI::Option*> powersgd;
 };
 
 // How the driver starts a worker: this program's `bench train` with the flags that shape the measurement.
@@ -45,6 +144,18 @@ std::string worker_arguments(const bench::TrainDriverOptions& d, const std::stri
       o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter, mode, replicas, result_path);
 }
 
+void refuse_flags_without_effect(const BenchTrainFlags& flags) {
+  if (flags.pytorch_script->count() > 0 && flags.compare.empty()) {
+    throw InvalidArgument("--pytorch-script is only read with --compare pytorch; add that or drop --pytorch-script");
+  }
+  for (const CLI::Option* option : flags.powersgd) {
+    if (option->count() > 0 && flags.driver.bench.comm_hook != "powersgd") {
+      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
+                                        option->get_name(), option->get_name()));
+    }
+  }
+}
+
 int run_bench_train(BenchTrainFlags& flags) {
   bench::TrainDriverOptions& d = flags.driver;
   d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
@@ -52,12 +163,9 @@ int run_bench_train(BenchTrainFlags& flags) {
     bench::run_train_worker({flags.worker_mode, flags.replicas, flags.result_path, d.device, d.backend, d.threads, d.bench});
     return 0;
   }
-  if (!flags.compare.empty() && flags.compare != "pytorch") {
-    throw InvalidArgument(fmt::format("--compare '{}' is unknown; the only comparison is 'pytorch'", flags.compare));
-  }
+  refuse_flags_without_effect(flags);
   d.compare_pytorch = flags.compare == "pytorch";
-  d.world_sizes.clear();
-  for (int64_t n : bench::parse_sizes(flags.world_sizes)) d.world_sizes.push_back(static_cast<int>(n));
+  d.world_sizes = bench::parse_world_sizes(flags.world_sizes);
   d.program = std::filesystem::read_symlink("/proc/self/exe").string();
   d.worker_arguments = worker_arguments;
   bench::run_train_driver(d);
@@ -67,27 +175,37 @@ int run_bench_train(BenchTrainFlags& flags) {
 const CommandRegistration kBench{
     "bench", "Benchmarks: all-reduce bandwidth per backend, training steps vs PyTorch DDP", [](CLI::App& command) {
       command.require_subcommand(1);
+      // Intra-op threads beyond the cores only take turns on them.
+      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
       auto flags = std::make_shared<bench::AllreduceCommandOptions>();
       CLI::App* allreduce = command.add_subcommand(
           "allreduce", "All-reduce algorithm and bus bandwidth per size, beside the host's memcpy bandwidth");
       allreduce->add_option("--device", flags->device, "Where the buffer lives: cpu, cuda (GPU LOCAL_RANK) or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      allreduce->add_option("--backend", flags->backend, "Communication backend (default: nccl on a GPU, gloo on the CPU)")
+      allreduce->add_option("--backend", flags->backend, bench_backend_help("the buffer lives"))
           ->check(CLI::IsMember(comm::available_backends()));
-      allreduce->add_option("--sizes", flags->sizes, "Sizes in bytes: FIRST..LAST (doubling) or a list A,B,C")
-          ->capture_default_str();
-      allreduce->add_option("--iters", flags->iters, "Timed all-reduces per size (0: about 2 GB, 5..200)")
-          ->capture_default_str();
-      allreduce->add_option("--warmup", flags->warmup, "Untimed all-reduces per size")->capture_default_str();
-      allreduce->add_option("--memcpy-size", flags->memcpy_size, "Buffer size for the memcpy ceiling")
-          ->capture_default_str();
-      allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
-      allreduce->add_option("--timeout", flags->timeout_s, "Seconds before a collective counts as hung")
+      allreduce->add_option("--sizes", flags->sizes,
+                            "Sizes in bytes (4096, 4K, 64M, 1G): FIRST..LAST (doubling) or a list A,B,C")
           ->capture_default_str()
-          ->check(at_least(1));
+          ->check(bench_allreduce_sizes());
+      allreduce->add_option("--iters", flags->iters, "Timed all-reduces per size (0: about 2 GB, 5..200)")
+          ->capture_default_str()
+          ->check(at_least<int>(0));
+      allreduce->add_option("--warmup", flags->warmup, "Untimed all-reduces per size")
+          ->capture_default_str()
+          ->check(at_least<int>(0));
+      allreduce->add_option("--memcpy-size", flags->memcpy_size, "Buffer size in bytes for the memcpy ceiling")
+          ->capture_default_str()
+          ->check(bench_memcpy_size());
+      allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
+      allreduce->add_option("--timeout", flags->timeout_s, "Seconds before a collective counts as hung (at most a year)")
+          ->capture_default_str()
+          ->check(between<int>(1, kBenchLongestTimeoutSeconds));
 
       auto train_flags = std::make_shared<BenchTrainFlags>();
+      bench::TrainBenchOptions& bench_options = train_flags->driver.bench;
       CLI::App* train = command.add_subcommand(
           "train",
           "Training steps per second for world sizes 1 and 2 with DDP and DataParallel, scaling efficiency, overlap; "
@@ -95,68 +213,88 @@ const CommandRegistration kBench{
       train->add_option("--device", train_flags->driver.device, "cpu, cuda or auto (cuda where a GPU is visible)")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      train->add_option("--backend", train_flags->driver.backend, "Communication backend (default: nccl on a GPU, gloo on the CPU)")
+      train->add_option("--backend", train_flags->driver.backend, bench_backend_help("--device resolves"))
           ->check(CLI::IsMember(comm::available_backends()));
-      train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, e.g. 1,2")
-          ->capture_default_str();
-      train->add_option("--model", train_flags->driver.bench.model, "Registered model to train (as tandem train --model)")
-          ->capture_default_str();
-      train->add_option("--image-size", train_flags->driver.bench.image_size, "Square input size (the CNN takes 28)")
-          ->capture_default_str();
-      train->add_option("--batch-size", train_flags->driver.bench.batch_size, "Samples per process per step")
-          ->capture_default_str();
-      train->add_option("--steps", train_flags->driver.bench.steps, "Timed steps per repeat")->capture_default_str();
-      train->add_option("--repeats", train_flags->driver.bench.repeats, "Timed repeats (median and spread)")
-          ->capture_default_str();
-      train->add_option("--warmup", train_flags->driver.bench.warmup, "Untimed steps first")->capture_default_str();
-      train->add_option("--threads", train_flags->driver.threads, "Intra-op threads per process")->capture_default_str();
-      train->add_option("--bucket-cap-mb", train_flags->driver.bench.ddp.bucket_cap_mb,
+      train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, processes each: e.g. 1,2")
+          ->capture_default_str()
+          ->check(bench_world_sizes());
+      train->add_option("--model", bench_options.model, "Model to train: " + bench_model_names())
+          ->capture_default_str()
+          ->check(bench_registered_model());
+      train->add_option("--image-size", bench_options.image_size,
+                        fmt::format("Square input size in pixels, up to {} (the CNN takes 28)", kBenchLargestImageSize))
+          ->capture_default_str()
+          ->check(between<int64_t>(1, kBenchLargestImageSize));
+      train->add_option("--batch-size", bench_options.batch_size, "Samples per process per step")
+          ->capture_default_str()
+          ->check(at_least<int>(1));
+      train->add_option("--steps", bench_options.steps, "Timed steps per repeat")
+          ->capture_default_str()
+          ->check(at_least<int>(1));
+      train->add_option("--repeats", bench_options.repeats, "Timed repeats (median and spread)")
+          ->capture_default_str()
+          ->check(at_least<int>(1));
+      train->add_option("--warmup", bench_options.warmup, "Untimed steps first")
+          ->capture_default_str()
+          ->check(at_least<int>(0));
+      train->add_option("--threads", train_flags->driver.threads, "Intra-op threads per process, at most the cores")
+          ->capture_default_str()
+          ->check(between<int>(1, cores));
+      train->add_option("--bucket-cap-mb", bench_options.ddp.bucket_cap_mb,
                         "DDP bucket size in MiB (PyTorch's bucket_cap_mb); larger buckets start communicating later")
           ->capture_default_str()
-          ->check(greater_than(0));
-      train->add_option("--first-bucket-cap-mb", train_flags->driver.bench.ddp.first_bucket_cap_mb,
+          ->check(between(kBenchSmallestBucketMb, kBenchLargestBucketMb));
+      train->add_option("--first-bucket-cap-mb", bench_options.ddp.first_bucket_cap_mb,
                         "Size of the first DDP bucket in MiB, which starts communicating earliest (tandem only: "
                         "PyTorch fixes it at 1)")
           ->capture_default_str()
-          ->check(greater_than(0));
+          ->check(between(kBenchSmallestBucketMb, kBenchLargestBucketMb));
       train->add_option("--bucket-plan", train_flags->bucket_plan,
                         "adapt: the caps above, or one bucket reduced at the end of backward where gloo or mpi would "
                         "have no spare core to overlap it on (the ranks' threads take every core); caps: always the caps")
           ->capture_default_str()
           ->check(CLI::IsMember({"adapt", "caps"}));
-      train->add_flag("--gradient-as-bucket-view", train_flags->driver.bench.ddp.gradient_as_bucket_view,
+      train->add_flag("--gradient-as-bucket-view", bench_options.ddp.gradient_as_bucket_view,
                       "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
-      train->add_option("--comm-hook", train_flags->driver.bench.comm_hook,
+      train->add_option("--comm-hook", bench_options.comm_hook,
                         "How DDP reduces each bucket: average, fp16, bf16 or powersgd (low-rank compression; "
                         "PyTorch's comm hooks of the same names)")
           ->capture_default_str()
-          ->check(CLI::IsMember({"average", "fp16", "bf16", "powersgd"}));
+          ->check(CLI::IsMember(ddp::comm_hook_names()));
       // Timed steps come after the warm-up, so compression starts within it by default.
-      train_flags->driver.bench.powersgd.start_powersgd_iter = 2;
-      train->add_option("--powersgd-rank", train_flags->driver.bench.powersgd.matrix_approximation_rank,
-                        "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's "
-                        "matrix_approximation_rank)")
-          ->capture_default_str()
-          ->check(at_least(1));
-      train->add_option("--powersgd-start", train_flags->driver.bench.powersgd.start_powersgd_iter,
-                        "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's "
-                        "start_powerSGD_iter; at least 2)")
-          ->capture_default_str()
-          ->check(at_least(2));
+      bench_options.powersgd.start_powersgd_iter = 2;
+      train_flags->powersgd.push_back(
+          train
+              ->add_option("--powersgd-rank", bench_options.powersgd.matrix_approximation_rank,
+                           "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's "
+                           "matrix_approximation_rank)")
+              ->capture_default_str()
+              ->check(at_least<int64_t>(1)));
+      train_flags->powersgd.push_back(
+          train
+              ->add_option("--powersgd-start", bench_options.powersgd.start_powersgd_iter,
+                           "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's "
+                           "start_powerSGD_iter; at least 2)")
+              ->capture_default_str()
+              ->check(at_least<int64_t>(2)));
       train->add_option("--rounds", train_flags->driver.rounds,
                         "Run every measurement this many times, interleaved; figures are medians over rounds and "
                         "ratios are paired within a round (steadier on a noisy machine)")
           ->capture_default_str()
-          ->check(at_least(1));
-      train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: 'pytorch'");
-      train->add_option("--pytorch-script", train_flags->driver.pytorch_script, "The PyTorch side script")
-          ->capture_default_str();
+          ->check(at_least<int>(1));
+      train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: pytorch")
+          ->check(CLI::IsMember({"pytorch"}));
+      train_flags->pytorch_script =
+          train->add_option("--pytorch-script", train_flags->driver.pytorch_script, "--compare pytorch: the PyTorch side script")
+              ->capture_default_str();
       train->add_option("--json", train_flags->driver.json_path, "Also write the results as JSON to this file");
       train->add_option("--worker", train_flags->worker_mode,
                         "(internal) run as a worker: ddp, independent or data-parallel")
-          ->group("");
+          ->group("")
+          ->check(CLI::IsMember({"ddp", "independent", "data-parallel"}));
       train->add_option("--replicas", train_flags->replicas, "(internal) replicas of a data-parallel worker")
-          ->group("");
+          ->group("")
+          ->check(at_least<int>(1));
       train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
 
       return [flags, allreduce, train_flags, train]() -> int {

@@ -68,6 +68,9 @@ int64_t parse_size(const std::string& text) {
   if (value <= 0) {
     throw InvalidArgument(fmt::format("size '{}' is not a positive number of bytes (e.g. 4096, 4K, 64M, 1G)", text));
   }
+  if (value > kLargestSize / unit) {
+    throw InvalidArgument(fmt::format("size '{}' is more than the largest, {}", text, format_size(kLargestSize)));
+  }
   return value * unit;
 }
 
@@ -77,6 +80,7 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
     int64_t first = parse_size(text.substr(0, dots));
     int64_t last = parse_size(text.substr(dots + 2));
     if (last < first) throw InvalidArgument(fmt::format("size range '{}' runs backwards", text));
+    // Both ends are at most kLargestSize, so doubling never overflows.
     for (int64_t size = first; size <= last; size *= 2) sizes.push_back(size);
     return sizes;
   }

@@ -13,7 +13,11 @@
 
 namespace tandem::bench {
 
-// "4096", "4K", "64M", "1G" (binary units) -> bytes. Throws InvalidArgument on anything else.
+// Beyond any machine's memory, and small enough that doubling it cannot overflow.
+inline constexpr int64_t kLargestSize = int64_t{1} << 50;
+
+// "4096", "4K", "64M", "1G" (binary units) -> bytes, from 1 to kLargestSize. Throws InvalidArgument on anything
+// else.
 int64_t parse_size(const std::string& text);
 // "4K..64M" -> 4K, 8K, ..., 64M (doubling); "4K,1M" -> a list; a single size -> itself.
 std::vector<int64_t> parse_sizes(const std::string& text);

@@ -1,40 +1,20 @@
 #include "bench/allreduce_command.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "bench/allreduce_bench.h"
+#include "bench/host.h"
+#include "bench/result_file.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/comm/rank_layout.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench {
-namespace {
-
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
-}  // namespace
 
 void run_allreduce_command(const AllreduceCommandOptions& flags) {
   AllreduceBenchOptions options;
@@ -42,6 +22,8 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
   options.iters = flags.iters;
   options.warmup = flags.warmup;
   const int64_t memcpy_bytes = parse_size(flags.memcpy_size);
+  // Rank 0 writes the file; it checks the path before joining, so that a wrong one costs no measurement.
+  if (!flags.json_path.empty() && comm::detect_rank_layout().rank == 0) check_result_file_writable(flags.json_path);
 
   InitOptions init;
   init.device = flags.device;
@@ -52,6 +34,9 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
   comm::Communicator& comm = group.communicator();
   const bool main = is_main_process();
   const unsigned cores = std::thread::hardware_concurrency();
+  // An all-reduce over one rank moves no data, so bytes per second of it would measure nothing: the table keeps
+  // the time of a call and leaves the bandwidth columns out.
+  const bool one_rank = comm.world_size() == 1;
 
   // The ceiling on one host: one thread copying memory, measured by rank 0 while the others wait, so the
   // figure is the same whatever the world size.
@@ -66,8 +51,14 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
                flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup);
     fmt::print("# {} bandwidth ({}{}): {:.2f} GB/s\n", options.device.is_cuda() ? "device-to-device copy" : "memcpy",
                options.device.is_cuda() ? "" : "1 thread, ", format_size(copy.bytes), copy.gbps);
-    fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",
-               "busbw(GB/s)", "busbw/memcpy", "check");
+    if (one_rank) {
+      fmt::print("# world size 1: an all-reduce over one rank moves no data, so there is no bandwidth to report, only "
+                 "the time of a call; start 2 or more ranks (tandem run --nproc-per-node 2 -- tandem bench allreduce)\n");
+      fmt::print("{:>8} {:>6} {:>13} {:>6}\n", "size", "iters", "time/op(us)", "check");
+    } else {
+      fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",
+                 "busbw(GB/s)", "busbw/memcpy", "check");
+    }
     std::fflush(stdout);
   }
   std::vector<AllreduceRow> rows;
@@ -77,12 +68,15 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
     one.sizes = {size};
     AllreduceRow row = run_allreduce_bench(comm, one).front();
     rows.push_back(row);
-    if (main) {
+    if (main && one_rank) {
+      fmt::print("{:>8} {:>6} {:>13.1f} {:>6}\n", format_size(row.bytes), row.iters, row.seconds_per_op * 1e6,
+                 row.correct ? "ok" : "WRONG");
+    } else if (main) {
       fmt::print("{:>8} {:>6} {:>13.1f} {:>12.3f} {:>12.3f} {:>13.1f}% {:>6}\n", format_size(row.bytes), row.iters,
                  row.seconds_per_op * 1e6, row.algbw_gbps, row.busbw_gbps, 100.0 * row.busbw_gbps / copy.gbps,
                  row.correct ? "ok" : "WRONG");
-      std::fflush(stdout);
     }
+    std::fflush(stdout);
   }
 
   if (main && !flags.json_path.empty()) {
@@ -94,18 +88,21 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
     out["op"] = "sum";
     out["host"] = {{"name", host_name()}, {"cores", cores}, {"cpu_model", cpu_model()}};
     out["memcpy"] = {{"bytes", copy.bytes}, {"iters", copy.iters}, {"gbps", copy.gbps}};
+    if (one_rank) out["note"] = "world size 1: an all-reduce moves no data, so the results hold no bandwidth";
+    out["results"] = nlohmann::json::array();
     for (const auto& row : rows) {
-      out["results"].push_back({{"bytes", row.bytes},
-                                {"iters", row.iters},
-                                {"time_us", row.seconds_per_op * 1e6},
-                                {"algbw_gbps", row.algbw_gbps},
-                                {"busbw_gbps", row.busbw_gbps},
-                                {"busbw_over_memcpy", row.busbw_gbps / copy.gbps},
-                                {"correct", row.correct}});
+      nlohmann::json result{{"bytes", row.bytes},
+                            {"iters", row.iters},
+                            {"time_us", row.seconds_per_op * 1e6},
+                            {"correct", row.correct}};
+      if (!one_rank) {
+        result["algbw_gbps"] = row.algbw_gbps;
+        result["busbw_gbps"] = row.busbw_gbps;
+        result["busbw_over_memcpy"] = row.busbw_gbps / copy.gbps;
+      }
+      out["results"].push_back(result);
     }
-    std::ofstream file(flags.json_path);
-    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", flags.json_path));
-    file << out.dump(2) << "\n";
+    write_result_file(flags.json_path, out);
   }
   destroy_process_group();
   if (!std::all_of(rows.begin(), rows.end(), [](const auto& row) { return row.correct; })) {

@@ -7,7 +7,7 @@ namespace tandem::bench {
 
 struct AllreduceCommandOptions {
   std::string device = "auto";  // where the buffer lives: cpu, cuda (GPU LOCAL_RANK) or auto
-  std::string backend;          // empty: nccl on a GPU, gloo on the CPU
+  std::string backend;          // empty: comm::default_backend() (nccl on a GPU where built in, else gloo)
   std::string sizes = "4K..64M";  // parse_sizes()
   int iters = 0;                  // timed all-reduces per size; 0: iterations_for()
   int warmup = 2;

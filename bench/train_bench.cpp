@@ -23,6 +23,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Batches of random data made before timing; the steps cycle through them.
+constexpr int64_t kDataBatches = 16;
+
+// The seeds' CNN reads grayscale images; every other registered model is an RGB network.
+int64_t image_channels(const std::string& model) { return model == "cnn" ? 1 : 3; }
+
+nn::ModelOptions model_shape(const TrainBenchOptions& options) {
+  nn::ModelOptions shape;
+  shape.in_channels = image_channels(options.model);
+  shape.image_size = options.image_size;
+  return shape;
+}
+
+int64_t replica_count(const TrainBenchOptions& options) {
+  return std::max<int64_t>(1, static_cast<int64_t>(options.data_parallel_devices.size()));
+}
+
 double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
   if (!communicator) return local_ms;
   torch::Tensor value = torch::tensor({local_ms}, torch::kFloat64);
@@ -31,6 +48,21 @@ double slowest_ms(double local_ms, const comm::CommunicatorPtr& communicator) {
 }
 
 }  // namespace
+
+void check_model_builds(const TrainBenchOptions& options) {
+  try {
+    nn::make_model(options.model, model_shape(options));
+  } catch (const InvalidArgument& error) {
+    throw InvalidArgument(fmt::format("--model {} at --image-size {}: {}; use a larger --image-size or another --model",
+                                      options.model, options.image_size, error.what()));
+  }
+}
+
+double train_data_bytes(const TrainBenchOptions& options) {
+  const double samples = static_cast<double>(kDataBatches) * options.batch_size * replica_count(options);
+  const double pixels = static_cast<double>(options.image_size) * static_cast<double>(options.image_size);
+  return samples * (image_channels(options.model) * pixels * sizeof(float) + sizeof(int64_t));
+}
 
 double median_of(std::vector<double> values) {
   TANDEM_CHECK(!values.empty(), "median of nothing");
@@ -47,13 +79,10 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
     throw InvalidArgument("the training benchmark runs DDP or DataParallel, not both at once");
   }
   // What one step takes: the batch of all DataParallel replicas, and the learning rate scaled alike.
-  const int64_t replicas = std::max<int64_t>(1, static_cast<int64_t>(replica_devices.size()));
+  const int64_t replicas = replica_count(options);
   const int64_t batch_size = options.batch_size * replicas;
   torch::manual_seed(static_cast<uint64_t>(options.seed));
-  // The seeds' CNN reads grayscale images; every other registered model is an RGB network.
-  nn::ModelOptions shape;
-  shape.in_channels = options.model == "cnn" ? 1 : 3;
-  shape.image_size = options.image_size;
+  const nn::ModelOptions shape = model_shape(options);
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   (*model).to(options.device);
   std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> distributed;
@@ -77,15 +106,14 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
 
   // Each rank its own samples, as a sampler would give it.
   torch::manual_seed(static_cast<uint64_t>(options.seed) + 1 + static_cast<uint64_t>(rank));
-  const int64_t batches = 16;
   torch::Tensor images =
-      torch::randn({batches * batch_size, shape.in_channels, options.image_size, options.image_size})
+      torch::randn({kDataBatches * batch_size, shape.in_channels, options.image_size, options.image_size})
           .to(options.device);
-  torch::Tensor labels = torch::randint(0, 10, {batches * batch_size}, torch::kLong).to(options.device);
+  torch::Tensor labels = torch::randint(0, 10, {kDataBatches * batch_size}, torch::kLong).to(options.device);
 
   // `timeline` null: no spans, no clock reads.
   auto step = [&](int i, monitor::Timeline* timeline) {
-    int64_t start = (i % batches) * batch_size;
+    int64_t start = (i % kDataBatches) * batch_size;
     torch::Tensor x = images.narrow(0, start, batch_size);
     torch::Tensor y = labels.narrow(0, start, batch_size);
     compat::drop_gradients(optimizer);  // as the PyTorch side's zero_grad(set_to_none=True)

@@ -56,6 +56,14 @@ struct TrainBenchResult {
 // timing, so the figure measures training steps, not loading.
 TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator);
 
+// Builds the model as run_train_bench does, so that one that cannot take these images fails before any worker
+// starts. Throws InvalidArgument naming --model and --image-size.
+void check_model_builds(const TrainBenchOptions& options);
+
+// The random data that run_train_bench makes before timing, in bytes: images and labels of a few batches, for
+// every replica.
+double train_data_bytes(const TrainBenchOptions& options);
+
 double median_of(std::vector<double> values);
 
 }  // namespace tandem::bench

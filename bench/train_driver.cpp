@@ -1,6 +1,7 @@
 #include "bench/train_driver.h"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -8,8 +9,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "bench/host.h"
+#include "bench/result_file.h"
 #include "tandem/comm/backend.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/named_comm_hook.h"
@@ -32,16 +36,50 @@ nlohmann::json to_json(const TrainBenchResult& result) {
           {"hidden_share", result.hidden_share},    {"bytes_per_step", result.bytes_per_step}};
 }
 
-nlohmann::json read_json(const std::string& path) {
+// The result that `what` (a worker, the PyTorch script) wrote to `path`.
+nlohmann::json read_result(const std::string& path, const std::string& what) {
   std::ifstream file(path);
-  if (!file) throw CommError(fmt::format("a benchmark worker wrote no result to {}; see its output above", path));
-  return nlohmann::json::parse(file);
+  if (!file) throw CommError(fmt::format("{} wrote no result to {}; see its output above", what, path));
+  try {
+    return nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception&) {
+    throw CommError(fmt::format("{} wrote no result ({} is empty or cut short); see its output above", what, path));
+  }
 }
 
+// Runs `command` through the shell. A failure prints the command first, on a line of its own, so that the error
+// line stays one readable line.
 void run_or_throw(const std::string& command, const std::string& what) {
-  int status = std::system(command.c_str());
-  if (status != 0) throw CommError(fmt::format("{} failed (exit status {}); its command was: {}", what, status, command));
+  const int status = std::system(command.c_str());
+  if (status == 0) return;
+  fmt::print(stderr, "# the command that failed: {}\n", command);
+  if (WIFEXITED(status)) {
+    throw CommError(fmt::format("{} failed with exit code {}; see its output above", what, WEXITSTATUS(status)));
+  }
+  throw CommError(fmt::format("{} was ended by signal {}; see its output above", what,
+                              WIFSIGNALED(status) ? WTERMSIG(status) : status));
 }
+
+// The folder that holds the workers' result files, removed however the driver ends (a worker failed, the
+// table could not be written), so that no run leaves one behind in the temporary folder.
+class ResultFolder {
+ public:
+  ResultFolder()
+      : path_(std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid())) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ResultFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ResultFolder(const ResultFolder&) = delete;
+  ResultFolder& operator=(const ResultFolder&) = delete;
+
+  std::filesystem::path operator/(const std::string& file) const { return path_ / file; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // One framework and wrapper at one world size: per round, the measured job and the independent processes that
 // it is compared with, run back to back so that both see the machine in the same state.
@@ -126,9 +164,31 @@ void check_pytorch_can_match(const TrainDriverOptions& options) {
     throw InvalidArgument("the PyTorch side takes PowerSGD's rank and start only; keep its other options at their "
                           "defaults with --compare pytorch");
   }
-  if (!std::filesystem::exists(options.pytorch_script)) {
+  if (!std::filesystem::is_regular_file(options.pytorch_script)) {
     throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
                                       "--pytorch-script", options.pytorch_script));
+  }
+}
+
+// What would make every worker fail, found before the first one starts.
+void check_workers_can_run(const TrainDriverOptions& options) {
+  const TrainBenchOptions& bench = options.bench;
+  check_model_builds(bench);
+  const int most = *std::max_element(options.world_sizes.begin(), options.world_sizes.end());
+  // At world size N, N independent processes (or the DataParallel process's N replicas) hold their data at once;
+  // the rest of memory is left to the models and their activations.
+  const double data_bytes = most * train_data_bytes(bench);
+  const double memory_bytes = static_cast<double>(host_memory_bytes());
+  if (data_bytes > memory_bytes / 2) {
+    throw InvalidArgument(fmt::format(
+        "--batch-size {} at --image-size {}: the random data of {} process{} take {:.1f} GB, more than half of this "
+        "host's {:.1f} GB of memory; lower --batch-size or --image-size",
+        bench.batch_size, bench.image_size, most, most > 1 ? "es" : "", data_bytes / 1e9, memory_bytes / 1e9));
+  }
+  if (options.backend == "mpi" && most > 1 && std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    throw UnsupportedError(
+        "--backend mpi starts its DDP jobs with mpirun, which is not on PATH; install Open MPI (on Debian: apt-get "
+        "install -y openmpi-bin) or use --backend gloo");
   }
 }
 
@@ -139,20 +199,48 @@ std::string format_megabytes(const std::vector<nlohmann::json>& rounds) {
 
 }  // namespace
 
+std::vector<int> parse_world_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(start, comma - start);
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 1 || value > std::numeric_limits<int>::max()) {
+      throw InvalidArgument(
+          fmt::format("'{}' is not a number of processes; give whole numbers from 1, e.g. 1,2,4", item));
+    }
+    if (std::find(sizes.begin(), sizes.end(), value) != sizes.end()) {
+      throw InvalidArgument(fmt::format("world size {} is given twice; give each once", value));
+    }
+    sizes.push_back(static_cast<int>(value));
+    start = comma + 1;
+  }
+  return sizes;
+}
+
 void run_train_driver(TrainDriverOptions options) {
   // Resolved here once, so that every worker and the PyTorch side run on the same kind of device and backend.
   const torch::Device device = select_device(options.device, 0);
   options.device = device.is_cuda() ? "cuda" : "cpu";
   if (options.backend.empty()) options.backend = comm::default_backend(device);
   const bool compare = options.compare_pytorch;
+  check_workers_can_run(options);
   if (compare) check_pytorch_can_match(options);
   // Made before any process starts, so a mistyped hook fails once, here.
   ddp::make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
+  if (!options.json_path.empty()) check_result_file_writable(options.json_path);
   std::string python = compare ? find_python() : "";
   // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
   const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid());
-  std::filesystem::create_directories(dir);
+  const ResultFolder dir;
   const std::string self = shell_quoted(options.program);
   const std::string env = fmt::format("OMP_NUM_THREADS={} ", options.threads);
   const TrainBenchOptions& bench = options.bench;
@@ -181,7 +269,8 @@ void run_train_driver(TrainDriverOptions options) {
     run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
     nlohmann::json slowest;
     for (int i = 0; i < n; ++i) {
-      nlohmann::json one = read_json((dir / fmt::format("ind_{}_{}.json", n, i)).string());
+      nlohmann::json one = read_result((dir / fmt::format("ind_{}_{}.json", n, i)).string(),
+                                       fmt::format("independent process {} of {}", i + 1, n));
       if (slowest.is_null() || one["ms_per_step_median"] > slowest["ms_per_step_median"]) slowest = one;
     }
     row.independent.push_back(slowest);
@@ -195,12 +284,13 @@ void run_train_driver(TrainDriverOptions options) {
                                             n, worker("ddp", 1, result))
                               : fmt::format("{}{} run --nproc-per-node {} -- {}", env, self, n, worker("ddp", 1, result));
     run_or_throw(command, fmt::format("the {}-rank DDP job", n));
-    row.job.push_back(read_json(result.string()));
+    row.job.push_back(read_result(result.string(), fmt::format("the {}-rank DDP job", n)));
 
     const auto dp_result = dir / fmt::format("dp_{}.json", n);
     run_or_throw(env + worker("data-parallel", n, dp_result),
                  fmt::format("the DataParallel process with {} replicas", n));
-    data_parallel.job.push_back(read_json(dp_result.string()));
+    data_parallel.job.push_back(
+        read_result(dp_result.string(), fmt::format("the DataParallel process with {} replicas", n)));
     data_parallel.independent.push_back(slowest);
   };
   auto pytorch_round = [&](int n, TrainRow& row) {
@@ -212,7 +302,7 @@ void run_train_driver(TrainDriverOptions options) {
                                bench.image_size, options.device, pytorch_backend, bench.batch_size, options.threads,
                                bench.steps, bench.repeats, bench.warmup, pytorch_ddp_args(bench), shell_quoted(out)),
                    "the PyTorch DDP script");
-      (std::string(mode) == "ddp" ? row.job : row.independent).push_back(read_json(out));
+      (std::string(mode) == "ddp" ? row.job : row.independent).push_back(read_result(out, "the PyTorch DDP script"));
     }
   };
 
@@ -229,7 +319,6 @@ void run_train_driver(TrainDriverOptions options) {
     if (compare) rows.push_back(std::move(py));
     if (n > 1) data_parallel_rows.push_back(std::move(dp));
   }
-  std::filesystem::remove_all(dir);
   std::vector<TrainRow> table = rows;
   table.insert(table.end(), data_parallel_rows.begin(), data_parallel_rows.end());
 
@@ -283,8 +372,6 @@ void run_train_driver(TrainDriverOptions options) {
     }
   }
   if (!options.json_path.empty()) {
-    std::ofstream file(options.json_path);
-    if (!file) throw InvalidArgument(fmt::format("cannot write --json file '{}'", options.json_path));
     nlohmann::json json{{"benchmark", "train"},  {"model", bench.model},
                         {"image_size", bench.image_size}, {"batch_size", bench.batch_size},
                         {"threads", options.threads},     {"rounds", options.rounds},
@@ -297,7 +384,7 @@ void run_train_driver(TrainDriverOptions options) {
       json["powersgd"] = {{"matrix_approximation_rank", bench.powersgd.matrix_approximation_rank},
                           {"start_powersgd_iter", bench.powersgd.start_powersgd_iter}};
     }
-    file << json.dump(2) << "\n";
+    write_result_file(options.json_path, json);
   }
 }
 

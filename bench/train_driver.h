@@ -15,7 +15,7 @@ namespace tandem::bench {
 
 struct TrainDriverOptions {
   std::string device = "auto";  // cpu, cuda or auto; resolved once, so every worker and PyTorch run alike
-  std::string backend;          // empty: nccl on a GPU, gloo on the CPU
+  std::string backend;          // empty: comm::default_backend() (nccl on a GPU where built in, else gloo)
   std::vector<int> world_sizes{1, 2};
   TrainBenchOptions bench;
   int threads = 1;  // intra-op threads per process
@@ -32,7 +32,13 @@ struct TrainDriverOptions {
       worker_arguments;
 };
 
-// Throws InvalidArgument for settings the PyTorch side cannot match, CommError when a worker fails.
+// "1,2,4" -> {1, 2, 4}: whole numbers of processes from 1, each once. Throws InvalidArgument on anything else.
+std::vector<int> parse_world_sizes(const std::string& text);
+
+// Every setting is checked before the first worker starts: throws InvalidArgument for settings that could not
+// run (a model that does not build at the image size, data larger than this host's memory, no mpirun for mpi, a
+// --json file that cannot be written) or that the PyTorch side cannot match; CommError when a worker fails. The
+// workers' result files live in a temporary folder that is removed however the driver ends.
 void run_train_driver(TrainDriverOptions options);
 
 struct TrainWorkerOptions {

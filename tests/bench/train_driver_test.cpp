@@ -1,5 +1,5 @@
-// `tandem bench train` with a comm hook: each DDP row says what the hook all-reduced per step, and PowerSGD's
-// figure is a fraction of plain averaging's.
+// `tandem bench train`: the world sizes it reads, and with a comm hook each DDP row says what the hook
+// all-reduced per step, and PowerSGD's figure is a fraction of plain averaging's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,10 +7,20 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/train_driver.h"
 #include "support/processes.h"
+#include "tandem/util/error.h"
 
 namespace tandem {
 namespace {
+
+TEST(BenchWorldSizes, ParseWholeNumbersOfProcessesEachOnce) {
+  EXPECT_EQ(bench::parse_world_sizes("1,2,4"), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(bench::parse_world_sizes("3"), (std::vector<int>{3}));
+  for (const char* bad : {"", "0", "-2", "abc", "1,", "2K", "1.5", "2,2", "99999999999"}) {
+    EXPECT_THROW(bench::parse_world_sizes(bad), InvalidArgument) << bad;
+  }
+}
 
 // The DDP row of a two-rank `bench train` run with `hook`.
 nlohmann::json ddp_row_with_hook(const std::string& hook) {
