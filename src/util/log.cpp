@@ -5,14 +5,16 @@
 
 namespace tandem::log {
 namespace {
+// rank < 0: no identity, as in a process that never joined a process group (the launcher, `tandem report`).
 struct Identity {
   int rank = -1;
   int world_size = 0;
+  bool known() const { return rank >= 0; }
 };
-Identity process_identity{0, 1};
+Identity process_identity;
 thread_local Identity thread_identity;
 
-const Identity& current() { return thread_identity.rank >= 0 ? thread_identity : process_identity; }
+const Identity& current() { return thread_identity.known() ? thread_identity : process_identity; }
 }  // namespace
 
 void set_identity(int rank, int world_size) {
@@ -23,13 +25,17 @@ void set_identity(int rank, int world_size) {
   thread_identity = {rank, world_size};
 }
 
-int identity_rank() { return current().rank; }
-int identity_world_size() { return current().world_size; }
+int identity_rank() { return current().known() ? current().rank : 0; }
+int identity_world_size() { return current().known() ? current().world_size : 1; }
+
+std::string line_prefix() {
+  const Identity& id = current();
+  return id.known() ? fmt::format("[tandem rank {}/{}] ", id.rank, id.world_size) : "tandem: ";
+}
 
 void write(const std::string& level, const std::string& message) {
-  const Identity& id = current();
   // One fputs per line keeps lines from different threads whole.
-  std::string line = fmt::format("[tandem rank {}/{}] {}{}\n", id.rank, id.world_size, level, message);
+  std::string line = line_prefix() + level + message + "\n";
   std::fputs(line.c_str(), stderr);
 }
 
