@@ -5,12 +5,18 @@
 #include <memory>
 
 #include "apps/command.h"
+#include "apps/flag_checks.h"
 #include "tandem/launch/launch_options.h"
 #include "tandem/launch/launcher.h"
 #include "tandem/util/error.h"
 
 namespace tandem::app {
 namespace {
+
+// Longer than any program needs to save its state after SIGTERM: more is a typo.
+constexpr double kMaxGracePeriodSeconds = 24 * 3600;
+// Restarts after which a job that keeps failing is better looked at than restarted again.
+constexpr int kMaxRestarts = 1000;
 
 struct RunFlags {
   int nproc_per_node = 1;
@@ -39,26 +45,31 @@ std::function<int()> define_run(CLI::App& command) {
       "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
       "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) are accepted too.");
   CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
-                                          "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)");
-  command.add_option("--nnodes", flags->nnodes, "Nodes in the job")->capture_default_str();
+                                          "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)")
+                            ->check(at_least<int>(1));
+  command.add_option("--nnodes", flags->nnodes, "Nodes in the job")->capture_default_str()->check(at_least<int>(1));
   command.add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0..nnodes-1")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least<int>(0));
   CLI::Option* addr = command.add_option("--master-addr,--master_addr", flags->master_addr,
                                          "Host of node 0 (default 127.0.0.1; a loopback address with --nnodes 1, required "
                                          "with --nnodes > 1)");
   CLI::Option* port = command.add_option(
       "--master-port,--master_port", flags->master_port,
       "Rendezvous port on node 0. Absent or 0 on one node: a free port, held by the launcher's store. Absent "
-      "with --nnodes > 1: 29500, so that every node agrees without being told");
+      "with --nnodes > 1: 29500, so that every node agrees without being told")
+      ->check(between<int>(0, 65535));
   command.add_option("--log-dir,--log_dir", flags->log_dir, "Also write each rank's output to DIR/rank<r>.log");
   // A plain string, not a CLI11 list: a list option would swallow the `--` that must precede the command.
   command.add_option("--gpus", flags->gpus, "GPU indices for the workers, e.g. 2,7 (sets CUDA_VISIBLE_DEVICES)");
   command.add_option("--grace-period", flags->grace_period_s,
                      "Seconds between SIGTERM and SIGKILL when stopping the workers")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(between<double>(0, kMaxGracePeriodSeconds));
   command.add_option("--max-restarts,--max_restarts", flags->max_restarts,
                      "Times to stop and restart all workers after one fails (one node only)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(between<int>(0, kMaxRestarts));
   command.add_option("--run-id,--rdzv-id,--rdzv_id", flags->run_id,
                      "The job's id, shared by every restart (TORCHELASTIC_RUN_ID; default: the start time and the "
                      "launcher's pid). tandem train keeps a run without --run-dir in runs/<run id>");
@@ -81,9 +92,6 @@ std::function<int()> define_run(CLI::App& command) {
     if (port->count() > 0) options.master_port = flags->master_port;
     options.log_dir = flags->log_dir;
     options.gpus = launch::parse_gpu_list(flags->gpus);
-    if (!(flags->grace_period_s >= 0) || !std::isfinite(flags->grace_period_s)) {
-      throw InvalidArgument("--grace-period must be a non-negative number of seconds");
-    }
     options.grace_period = std::chrono::milliseconds(std::llround(flags->grace_period_s * 1000));
     options.max_restarts = flags->max_restarts;
     options.run_id = flags->run_id;

@@ -5,8 +5,10 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <climits>
 #include <ctime>
 #include <set>
 
@@ -39,16 +41,53 @@ std::vector<int> parse_gpu_list(const std::string& text) {
 
 int visible_gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
 
+ProcessLimits ProcessLimits::of_this_process() {
+  const auto soft_limit = [](int resource) -> uint64_t {
+    rlimit limit{};
+    if (::getrlimit(resource, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    return limit.rlim_cur;
+  };
+  return {soft_limit(RLIMIT_NOFILE), soft_limit(RLIMIT_NPROC)};
+}
+
 namespace {
+
+// The launcher's own open files besides the workers' pipes and logs: stdio, the signal self-pipe, the store's
+// socket or files, LibTorch's. Generous, since running out halfway through starting the workers is the failure
+// this margin is for.
+constexpr uint64_t kLauncherOwnFiles = 64;
+
+// Refuses a number of workers that this node cannot hold, naming the limit and what to do about it.
+void check_workers_fit(const LaunchOptions& options, int nproc_per_node, const ProcessLimits& limits) {
+  if (nproc_per_node > kMaxWorkersPerNode) {
+    throw InvalidArgument(fmt::format(
+        "`nproc_per_node` {} is more workers than tandem run starts on one node (at most {}); start one per GPU "
+        "or per core, and spread a larger job over more nodes with `nnodes`",
+        nproc_per_node, kMaxWorkersPerNode));
+  }
+  const uint64_t files_per_worker = options.log_dir.empty() ? 2 : 3;
+  const uint64_t files = kLauncherOwnFiles + files_per_worker * static_cast<uint64_t>(nproc_per_node);
+  if (files > limits.open_files) {
+    const uint64_t fitting = limits.open_files > kLauncherOwnFiles
+                                 ? (limits.open_files - kLauncherOwnFiles) / files_per_worker
+                                 : 0;
+    throw InvalidArgument(fmt::format(
+        "`nproc_per_node` {} needs {} open files in the launcher ({} per worker, {} of its own), but this process "
+        "may open {} (ulimit -n); start at most {} workers per node, or raise the limit with ulimit -n {}",
+        nproc_per_node, files, files_per_worker, kLauncherOwnFiles, limits.open_files, fitting, files));
+  }
+  if (static_cast<uint64_t>(nproc_per_node) > limits.processes) {
+    throw InvalidArgument(fmt::format(
+        "`nproc_per_node` {} is more processes than this user may run ({}, ulimit -u); start fewer workers per "
+        "node, or raise the limit with ulimit -u",
+        nproc_per_node, limits.processes));
+  }
+}
 
 bool is_ipv4_loopback(const std::string& address) {
   in_addr parsed{};
   return ::inet_pton(AF_INET, address.c_str(), &parsed) == 1 && (ntohl(parsed.s_addr) >> 24) == 127;
 }
-
-}  // namespace
-
-namespace {
 
 // The launch time and the launcher's pid: unique on this machine, and sorted by time among runs/.
 std::string fresh_run_id() {
@@ -72,10 +111,10 @@ bool is_folder_name(const std::string& text) {
 
 }  // namespace
 
-LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
+LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const ProcessLimits& limits) {
   LaunchPlan plan;
   if (options.command.empty()) {
-    throw InvalidArgument("no command to run: put it after `--`, e.g. tandem run --nproc-per-node 2 -- ./train");
+    throw InvalidArgument("no command to run: put the program and its arguments after `--`, e.g. tandem run -- ./train");
   }
   plan.command = options.command;
 
@@ -103,6 +142,11 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count) {
         "`nproc_per_node` {} asks for more ranks than the {} GPU(s) listed in `gpus` {}; list more GPUs or "
         "start fewer ranks per node",
         plan.nproc_per_node, plan.gpus.size(), fmt::join(plan.gpus, ",")));
+  }
+  check_workers_fit(options, plan.nproc_per_node, limits);
+  if (plan.nnodes > INT_MAX / plan.nproc_per_node) {
+    throw InvalidArgument(fmt::format("`nnodes` {} times `nproc_per_node` {} is more ranks than a job can have ({})",
+                                      plan.nnodes, plan.nproc_per_node, INT_MAX));
   }
 
   if (plan.nnodes > 1 && !options.master_addr) {

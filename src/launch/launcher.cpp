@@ -78,7 +78,11 @@ class Supervisor {
     if (!plan_.log_dir.empty()) {
       std::error_code error;
       std::filesystem::create_directories(plan_.log_dir, error);
-      if (error) throw Error(fmt::format("cannot create `log_dir` '{}': {}", plan_.log_dir, error.message()));
+      if (error) {
+        throw InvalidArgument(fmt::format("`log_dir` '{}' cannot be created ({}); give a folder that tandem run can "
+                                          "create and write in",
+                                          plan_.log_dir, error.message()));
+      }
     }
     for (int local = 0; local < plan_.nproc_per_node; ++local) {
       Worker& worker = workers_[static_cast<size_t>(local)];
@@ -88,7 +92,9 @@ class Supervisor {
       if (worker.log_path.empty()) continue;
       worker.log_fd = ::open(worker.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (worker.log_fd < 0) {
-        throw Error(fmt::format("cannot write the log file '{}': {}", worker.log_path, std::strerror(errno)));
+        throw InvalidArgument(fmt::format("cannot write the log file '{}' in `log_dir` ({}); give a folder that "
+                                          "tandem run can write in",
+                                          worker.log_path, std::strerror(errno)));
       }
     }
   }

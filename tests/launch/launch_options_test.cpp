@@ -27,9 +27,11 @@ LaunchOptions with_command() {
   return options;
 }
 
-void expect_invalid(const LaunchOptions& options, int gpu_count, const std::string& needle) {
+// `limits`: none unless a test gives some, so that the test's own ulimits never decide.
+void expect_invalid(const LaunchOptions& options, int gpu_count, const std::string& needle,
+                    const ProcessLimits& limits = {}) {
   try {
-    plan_launch(options, gpu_count);
+    plan_launch(options, gpu_count, limits);
     ADD_FAILURE() << "accepted; expected an error containing: " << needle;
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
@@ -123,6 +125,43 @@ TEST(PlanLaunch, RejectsImpossibleLayouts) {
   options = with_command();
   options.gpus = {1, 1};
   expect_invalid(options, 0, "GPU 1 twice");
+}
+
+// A node holds what its limits allow, checked before the first worker starts: `tandem run --nproc-per-node
+// 100000` forked about 10,000 workers over two minutes before the launcher ran out of open files.
+TEST(PlanLaunch, RefusesMoreWorkersThanTheNodeCanHold) {
+  LaunchOptions options = with_command();
+  options.nproc_per_node = kMaxWorkersPerNode + 1;
+  expect_invalid(options, 0,
+                 "`nproc_per_node` " + std::to_string(kMaxWorkersPerNode + 1) +
+                     " is more workers than tandem run starts on one node (at most " +
+                     std::to_string(kMaxWorkersPerNode) + ")");
+  options.nproc_per_node = kMaxWorkersPerNode;
+  EXPECT_EQ(plan_launch(options, 0, ProcessLimits{}).nproc_per_node, kMaxWorkersPerNode);
+
+  // 64 files of the launcher's own and 2 per worker (3 with a log directory): 1024 open files hold 480 workers.
+  ProcessLimits limits;
+  limits.open_files = 1024;
+  options.nproc_per_node = 481;
+  expect_invalid(options, 0, "may open 1024 (ulimit -n); start at most 480 workers per node", limits);
+  options.nproc_per_node = 480;
+  EXPECT_EQ(plan_launch(options, 0, limits).nproc_per_node, 480);
+  options.log_dir = "logs";
+  expect_invalid(options, 0, "start at most 320 workers per node", limits);
+
+  limits = ProcessLimits{};
+  limits.processes = 100;
+  options.nproc_per_node = 101;
+  expect_invalid(options, 0, "`nproc_per_node` 101 is more processes than this user may run (100, ulimit -u)",
+                 limits);
+}
+
+TEST(PlanLaunch, RefusesMoreRanksThanAJobCanCount) {
+  LaunchOptions options = with_command();
+  options.nnodes = 1 << 30;
+  options.nproc_per_node = 4;
+  options.master_addr = "head";
+  expect_invalid(options, 0, "more ranks than a job can have");
 }
 
 TEST(ParseGpuList, ReadsCommaSeparatedIndices) {

@@ -3,6 +3,7 @@
 // (LaunchPlan: every default filled in and every value checked). Turning one into the other is the only place
 // where the launcher's defaults live.
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,19 @@
 namespace tandem::launch {
 
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{5000};
+// More workers than this on one node is a typo, not a job: one worker per GPU or per core stays far below it.
+inline constexpr int kMaxWorkersPerNode = 1024;
+
+// What the system lets the launcher hold while it runs nproc_per_node workers: it keeps two files open per worker
+// (the pipes of its stdout and stderr) and a third with a log directory, and each worker is a process of the user.
+// Checked in plan_launch, so that too many workers are refused before the first starts, not found out when
+// fork or pipe fails thousands of workers later.
+struct ProcessLimits {
+  uint64_t open_files = UINT64_MAX;  // RLIMIT_NOFILE's soft limit (ulimit -n)
+  uint64_t processes = UINT64_MAX;   // RLIMIT_NPROC's soft limit (ulimit -u); unlimited as UINT64_MAX
+
+  static ProcessLimits of_this_process();
+};
 
 struct LaunchOptions {
   // Workers on this node; absent: one per GPU in --gpus, else one per visible GPU, else 1.
@@ -58,10 +72,11 @@ struct LaunchPlan {
   std::string log_path(int local_rank) const;
 };
 
-// Fills in the defaults and checks the options; throws InvalidArgument with one line naming the flag. gpu_count
-// is the number of visible GPUs (a parameter so tests need no GPU). Binds nothing: on one node, launch() binds
-// the master port when it starts the store.
-LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count);
+// Fills in the defaults and checks the options; throws InvalidArgument with one line naming the option. gpu_count
+// is the number of visible GPUs and `limits` what this process may hold (parameters so tests need neither a GPU
+// nor a changed ulimit). Binds nothing: on one node, launch() binds the master port when it starts the store.
+LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count,
+                       const ProcessLimits& limits = ProcessLimits::of_this_process());
 
 // "2,7" -> {2, 7}; "" -> {}. Throws InvalidArgument naming the entry that is not a GPU index.
 std::vector<int> parse_gpu_list(const std::string& text);
