@@ -42,7 +42,11 @@ StorePtr make_rendezvous_store(const std::string& backend, const std::string& in
   // A world of one needs no network: an in-memory store keeps single-process runs free of ports.
   if (!layout.distributed()) return c10::make_intrusive<c10d::HashStore>();
 #if TANDEM_HAVE_MPI
-  if (backend == "mpi" && !rendezvous_named(init_method, layout)) return open_store_over_mpi(timeout);
+  if (backend == "mpi") {
+    // Before the ranks wait for each other in the rendezvous, and before anything starts MPI.
+    check_started_by_mpi_launcher(layout);
+    if (!rendezvous_named(init_method, layout)) return open_store_over_mpi(timeout);
+  }
 #else
   (void)backend;
 #endif

@@ -66,9 +66,24 @@ int mpi_count(int64_t count, const std::string& operation) {
 
 }  // namespace
 
+void check_started_by_mpi_launcher(const RankLayout& layout, const EnvLookup& env) {
+  if (!layout.distributed() || layout.source == "slurm") return;
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"}) {
+    if (env(variable)) return;
+  }
+  const std::string origin = layout.source == "env"        ? "RANK and WORLD_SIZE, as tandem run and torchrun set them"
+                             : layout.source == "explicit" ? "the caller"
+                                                           : layout.source;
+  throw InvalidArgument(fmt::format(
+      "`backend` mpi needs its {} ranks started by mpirun (or srun), but rank {} got its rank from {}; start the "
+      "job with mpirun -np {} instead, or use `backend` gloo",
+      layout.world_size, layout.rank, origin, layout.world_size));
+}
+
 MpiCommunicator::MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout, StorePtr store)
     : Communicator("mpi", std::move(store), layout.rank, layout.world_size, timeout,
                    Capabilities{/*average=*/false, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCPU}) {
+  check_started_by_mpi_launcher(layout);
   runtime_ = MpiRuntime::instance();
   group_ = std::make_shared<MpiGroup>();
   int mpi_rank = 0, mpi_size = 1;

@@ -100,8 +100,8 @@ StorePtr open_store_over_mpi(std::chrono::milliseconds timeout) {
     } catch (const std::exception& error) {
       announcement = "0";  // tells the others that there is no store, so that they fail as well
       broadcast_from_rank0(*runtime, announcement);
-      throw CommError(fmt::format("rank 0 could not open a rendezvous store for the mpi job ({}); name one with "
-                                  "MASTER_ADDR and MASTER_PORT or `init_method` tcp://HOST:PORT",
+      throw CommError(fmt::format("rank 0 could not open a rendezvous store for the mpi job ({}); name one for "
+                                  "every rank with mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT",
                                   error.what()));
     }
     broadcast_from_rank0(*runtime, announcement);
@@ -119,8 +119,7 @@ StorePtr open_store_over_mpi(std::chrono::milliseconds timeout) {
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& error) {
     throw CommError(fmt::format("rank {} could not reach rank 0's rendezvous store at {}:{} ({}); name a store that "
-                                "every rank reaches with MASTER_ADDR and MASTER_PORT or `init_method` "
-                                "tcp://HOST:PORT",
+                                "every rank reaches with mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT",
                                 rank, host, port, error.what()));
   }
 }

@@ -16,11 +16,19 @@ namespace tandem::comm {
 class MpiRuntime;
 struct MpiGroup;
 
+// Refuses a world of several ranks that no MPI launcher started (`tandem run`, torchrun, a layout the caller
+// gave), before anything initialises MPI: MPI_Init would make each process a world of its own, and the abort
+// after the error prints Open MPI's banner on every rank. An MPI launcher leaves OMPI_COMM_WORLD_SIZE (Open
+// MPI's mpirun), PMI_RANK or PMIX_RANK (MPICH, Slurm's srun) in the environment; a layout read from Slurm counts
+// too. Throws InvalidArgument.
+void check_started_by_mpi_launcher(const RankLayout& layout, const EnvLookup& env = process_environment());
+
 class MpiCommunicator : public Communicator {
  public:
   // `store` is the ranks' rendezvous store (for the collective tracker); under mpirun, open_store_over_mpi()
-  // makes one. Throws InvalidArgument when MPI's rank or size disagree with `layout` (e.g. started by `tandem
-  // run` instead of mpirun), UnsupportedError when MPI was initialised without thread support.
+  // makes one. Throws InvalidArgument when no MPI launcher started a world of several ranks (see
+  // check_started_by_mpi_launcher) or MPI's rank or size disagree with `layout`, UnsupportedError when MPI was
+  // initialised without thread support.
   MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout, StorePtr store);
   ~MpiCommunicator() override;
 

@@ -12,8 +12,8 @@ namespace tandem::comm {
 
 // Collective over MPI_COMM_WORLD: every rank calls it at the same point. The other ranks connect to the first
 // of rank 0's IPv4 addresses that lies in a subnet of one of their own interfaces, or to loopback where rank 0
-// has no address outside it. Throws CommError when a rank cannot reach the store, saying to name one instead
-// (MASTER_ADDR and MASTER_PORT, or --init-method tcp://HOST:PORT).
+// has no address outside it. Throws CommError when a rank cannot reach the store, saying to name one instead:
+// MASTER_ADDR and MASTER_PORT in every rank's environment (mpirun -x), which env:// then uses.
 StorePtr open_store_over_mpi(std::chrono::milliseconds timeout);
 
 }  // namespace tandem::comm
