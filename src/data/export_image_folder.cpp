@@ -27,7 +27,7 @@ int64_t export_idx_as_image_folder(const std::string& images_path, const std::st
   for (int64_t i = 0; i < count; ++i) {
     const int64_t label = labels.values[i];
     if (static_cast<int64_t>(written.size()) <= label) written.resize(label + 1, 0);
-    if (options.per_class >= 0 && written[label] >= options.per_class) continue;
+    if (options.per_class && written[label] >= *options.per_class) continue;
     const std::string folder_name = label < static_cast<int64_t>(options.class_names.size())
                                         ? options.class_names[label]
                                         : std::to_string(label);

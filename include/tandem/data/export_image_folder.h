@@ -3,6 +3,7 @@
 // files, the layout ImageFolderDataset reads. No photo data set ships with Debian; this turns the packaged
 // Fashion-MNIST into real files for the image-folder workflow (`tandem export-images`).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,9 @@ std::vector<std::string> fashion_mnist_folder_names();
 struct ExportImageFolderOptions {
   // Folder name per label; empty means the label's number.
   std::vector<std::string> class_names;
-  // Stop writing a class after this many images (counting what earlier calls wrote: see `written`); < 0 = all.
-  int64_t per_class = -1;
+  // Stop writing a class after this many images, at least 1 (counting what earlier calls wrote: see `written`);
+  // absent: all of them.
+  std::optional<int64_t> per_class;
   // File names are PREFIX_INDEX.png, INDEX being the image's position in the IDX file.
   std::string prefix = "img";
 };
