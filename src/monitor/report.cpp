@@ -173,6 +173,13 @@ std::string render_report(const RunRecords& records) {
 }
 
 void write_report(const std::string& run_dir, const std::string& html_path) {
+  // A file is the likelier mistake for a run directory (its metrics.jsonl, or an old report.html): say so, where
+  // read_run_records would say only that no run directory is there.
+  if (std::filesystem::is_regular_file(run_dir)) {
+    throw InvalidArgument(fmt::format("{} is a file, not a run directory: give the folder tandem train wrote "
+                                      "(`run_dir`, or one under runs/)",
+                                      run_dir));
+  }
   write_file_atomically(html_path, render_report(read_run_records(run_dir)));
 }
 
