@@ -83,8 +83,9 @@ EntryLayout entry_layout(const json& entry, uint64_t data_size, const std::strin
     bad_entry(path, name, "has data_offsets " + offsets.dump() + ": the range begins after it ends");
   }
   if (layout.end > data_size) {
-    bad_entry(path, name, detail::concat("lies outside the file (its data ends at byte ", layout.end,
-                                         " but the data is ", data_size, " bytes; truncated?)"));
+    bad_entry(path, name, detail::concat("lies outside the file: its data ends at byte ", layout.end,
+                                         " of the data section, which holds ", data_size,
+                                         " bytes (the file was cut short)"));
   }
 
   const json& shape = entry.at("shape");
@@ -181,23 +182,33 @@ TensorFile load_safetensors(const std::string& path) {
   in.seekg(0);
   unsigned char size_bytes[8];
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(size_bytes), 8)) {
-    throw InvalidArgument(path + ": not a safetensors file (shorter than its 8-byte header length)");
+    throw InvalidArgument(detail::concat(path, ": the file is ", file_size, " bytes, shorter than the 8 that give a ",
+                                         "safetensors file's header length (it was cut short, or is not one)"));
   }
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
-    throw InvalidArgument(detail::concat(path, ": corrupt or truncated safetensors file (header length ", header_size,
-                                         " but file size ", file_size, ")"));
+    throw InvalidArgument(detail::concat(path, ": its header length says ", header_size, " bytes, but the file holds ",
+                                         file_size - 8, " after it (it was cut short, or is not a safetensors file)"));
   }
   std::string text(header_size, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_size));
   json header;
   try {
     header = json::parse(text);
-  } catch (const json::exception& error) {
-    throw InvalidArgument(path + ": corrupt safetensors header (invalid JSON: " + error.what() + ")");
+  } catch (const json::parse_error& error) {
+    // The parser's own text ("[json.exception.parse_error.101] ... ill-formed UTF-8 byte") tells a user nothing
+    // they can act on; where the header breaks does.
+    throw InvalidArgument(detail::concat(path, ": its header is not valid JSON at byte ", error.byte, " of ",
+                                         header_size, " (the file is damaged, or is not a safetensors file)"));
+  } catch (const json::exception&) {  // a number too large for any type
+    throw InvalidArgument(path + ": its header is not JSON that can be read (the file is damaged, or is not a "
+                                 "safetensors file)");
   }
-  if (!header.is_object()) throw InvalidArgument(path + ": corrupt safetensors header (not a JSON object)");
+  if (!header.is_object()) {
+    throw InvalidArgument(path + ": its header is not a JSON object (the file is damaged, or is not a safetensors "
+                                 "file)");
+  }
 
   const uint64_t data_start = 8 + header_size;
   const uint64_t data_size = file_size - data_start;
@@ -223,12 +234,13 @@ TensorFile load_safetensors(const std::string& path) {
       const uint64_t bytes = layout.end - layout.begin;
       in.seekg(static_cast<std::streamoff>(data_start + layout.begin));
       if (bytes > 0 && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
-        throw InvalidArgument(path + ": truncated safetensors file while reading tensor '" + name + "'");
+        throw InvalidArgument(path + ": the file ended while reading tensor '" + name + "' (it was cut short)");
       }
       file.tensors.emplace_back(name, std::move(t));
       order.push_back({name, layout.begin});
-    } catch (const json::exception& error) {
-      throw InvalidArgument(path + ": corrupt safetensors entry '" + name + "': " + error.what());
+    } catch (const json::exception&) {  // a key missing, or a value of another JSON type
+      throw InvalidArgument(path + ": tensor '" + name + "' has a malformed header entry (it needs a dtype name, "
+                                   "a shape and data_offsets; the file is damaged, or is not a safetensors file)");
     }
   }
   // Keep the file's data order, which is the writer's order (the JSON object itself is unordered).

@@ -239,7 +239,8 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
 
   const std::string truncated = temp_path("truncated.safetensors");
   write_bytes(truncated, bytes.substr(0, bytes.size() - 10));
-  expect_load_error(truncated, "outside the file");
+  expect_load_error(truncated, "lies outside the file");
+  expect_load_error(truncated, "(the file was cut short)");
 
   const std::string tiny = temp_path("tiny.safetensors");
   write_bytes(tiny, bytes.substr(0, 5));
@@ -256,10 +257,23 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
   broken[8] = '[';  // the JSON's opening brace
   broken[9] = '[';
   write_bytes(bad_json, broken);
-  expect_load_error(bad_json, "corrupt safetensors header");
+  expect_load_error(bad_json, "its header is not valid JSON at byte 3 of");
+
+  // A byte that is no UTF-8 inside a name: the JSON parser's own words ("[json.exception.parse_error.101] ...
+  // ill-formed UTF-8 byte") are not what the user reads.
+  const std::string not_utf8 = temp_path("not_utf8.safetensors");
+  std::string garbled = bytes;
+  garbled[10] = '\xff';  // inside the first tensor's name
+  write_bytes(not_utf8, garbled);
+  expect_load_error(not_utf8, "its header is not valid JSON at byte");
+  try {
+    load_safetensors(not_utf8);
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(std::string(error.what()).find("json.exception"), std::string::npos) << error.what();
+  }
 
   expect_load_error(temp_path("missing.safetensors"), "cannot open");
-  for (const auto& p : {good, truncated, tiny, huge_header, bad_json}) std::remove(p.c_str());
+  for (const auto& p : {good, truncated, tiny, huge_header, bad_json, not_utf8}) std::remove(p.c_str());
 }
 
 TEST(Safetensors, SaveReportsADirectoryThatCannotBeSynced) {
