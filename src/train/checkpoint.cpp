@@ -7,6 +7,8 @@
 #include <torch/version.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <set>
 #include <string_view>
 #include <typeinfo>
 
@@ -28,6 +30,9 @@ constexpr const char* kSecondFormat = "tandem-checkpoint-2";  // the last one wi
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kExtraPrefix = "extra.";
 constexpr const char* kOptimizerArchive = "optimizer.archive";
+// The model's C++ type (Module::name()), so that a resume with another model can name both; missing from the
+// checkpoints of older tandems.
+constexpr const char* kModelClass = "model_class";
 constexpr const char* kFirstFormatMomentumPrefix = "optimizer.momentum.";
 constexpr const char* kCpuRng = "rng.cpu";
 constexpr const char* kDeviceRng = "rng.device";
@@ -40,6 +45,14 @@ uint64_t fingerprint_of(const torch::Tensor& bytes) {
 
 std::string not_a_checkpoint(const std::string& path) {
   return path + ": not a tandem checkpoint (expected metadata format=" + kCheckpointFormat + ")";
+}
+
+// `what` is wrong with the checkpoint at `path` itself (damaged, cut short, not one at all): the run dir's
+// checkpoint before it may well be whole, and the loop continues from that one once this one is out of the way.
+[[noreturn]] void throw_unusable(const std::string& what, const std::string& path) {
+  throw InvalidArgument(fmt::format("{}; move {} out of the run dir to continue from the checkpoint before it, or "
+                                    "start a new run in another `run_dir`",
+                                    what, std::filesystem::path(path).filename().string()));
 }
 
 std::string checksum_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
@@ -86,10 +99,12 @@ std::string damage_of(const TensorFile& file, const std::string& path) {
   return "";
 }
 
-std::map<std::string, std::string> metadata_of(const std::string& optimizer_kind, const torch::Tensor& archive,
-                                               const CheckpointState& state, const ExtraState& extra) {
+std::map<std::string, std::string> metadata_of(const torch::nn::Module& module, const std::string& optimizer_kind,
+                                               const torch::Tensor& archive, const CheckpointState& state,
+                                               const ExtraState& extra) {
   std::map<std::string, std::string> meta{
       {"format", kCheckpointFormat},
+      {kModelClass, module.name()},
       {"optimizer", optimizer_kind},
       {"optimizer_fingerprint", std::to_string(fingerprint_of(archive))},
       {"libtorch_major", std::to_string(TORCH_VERSION_MAJOR)},
@@ -103,7 +118,12 @@ std::map<std::string, std::string> metadata_of(const std::string& optimizer_kind
 }
 
 CheckpointState read_state(const TensorFile& file, const std::string& path) {
-  CheckpointState state = read_state_fields(file, path);
+  CheckpointState state;
+  try {
+    state = read_state_fields(file, path);
+  } catch (const InvalidArgument& error) {  // a key missing, a malformed number: a damaged header
+    throw_unusable(error.what(), path);
+  }
   state.rng.cpu = file.find(kCpuRng);
   state.rng.device = file.find(kDeviceRng);
   return state;
@@ -129,7 +149,8 @@ void check_same_libtorch(const TensorFile& file, const std::string& path) {
 
 void restore_optimizer(const TensorFile& file, const std::string& path, torch::optim::Optimizer& optimizer,
                        const std::string& kind, torch::Device device) {
-  const std::string saved_kind = get_meta(file, "optimizer", path);
+  const std::string saved_kind = optional_meta(file, "optimizer", "");
+  if (saved_kind.empty()) throw_unusable(path + ": checkpoint metadata lacks 'optimizer'", path);
   if (saved_kind != kind) {
     throw InvalidArgument(fmt::format("{} holds the state of a {} optimizer, but this run trains with {}; resume with "
                                       "the optimizer the run started with, or start a new run in another run dir",
@@ -140,9 +161,8 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   // The archive goes to LibTorch's deserializer, which is not built for hostile bytes: a damaged one is
   // refused here, by its fingerprint, with the file named.
   if (!archive.defined() || archive.scalar_type() != torch::kUInt8 || archive.dim() != 1 ||
-      get_meta(file, "optimizer_fingerprint", path) != std::to_string(fingerprint_of(archive))) {
-    throw InvalidArgument(path + ": the optimizer state is missing or damaged; continue from an older checkpoint, "
-                                 "or start a new run");
+      optional_meta(file, "optimizer_fingerprint", "") != std::to_string(fingerprint_of(archive))) {
+    throw_unusable(path + ": the optimizer state is missing or damaged", path);
   }
   // 2.x's load also replaces each param group's options with the saved ones, 1.13's keeps them: the options of
   // the run being continued (its flags) win on both.
@@ -217,24 +237,67 @@ void save_checkpoint_of_kind(const std::string& path, const torch::nn::Module& m
     if (name.empty()) throw InvalidArgument("ExtraState: a tensor has an empty name");
     add(kExtraPrefix + name, tensor);
   }
-  std::map<std::string, std::string> metadata = metadata_of(kind, archive, state, extra);
+  std::map<std::string, std::string> metadata = metadata_of(module, kind, archive, state, extra);
   for (const auto& [name, tensor] : tensors) metadata[kChecksumPrefix + name] = checksum_text(checksum_of_bytes(tensor));
   metadata[kHeaderChecksum] = checksum_text(checksum_of_header(tensors, metadata));
   save_safetensors(path, tensors, metadata);
 }
 
+// The first difference between the model tensors a checkpoint holds (`saved`, names without "model.") and
+// `module`'s, in the module's order: a tensor only one of them has, or one of another shape; "" when none.
+std::string first_model_difference(const TensorFile& saved, const torch::nn::Module& module) {
+  std::set<std::string> in_module;
+  for (const auto& [name, tensor] : named_state(module)) {
+    in_module.insert(name);
+    const torch::Tensor saved_tensor = saved.find(name);
+    if (!saved_tensor.defined()) return fmt::format("the model's '{}' is not in the checkpoint", name);
+    if (!saved_tensor.sizes().equals(tensor.sizes())) {
+      return fmt::format("'{}' is [{}] in the checkpoint, [{}] in the model", name,
+                         fmt::join(saved_tensor.sizes(), ", "), fmt::join(tensor.sizes(), ", "));
+    }
+  }
+  for (const auto& [name, tensor] : saved.tensors) {
+    if (!in_module.count(name)) return fmt::format("the checkpoint's '{}' is not in the model", name);
+  }
+  return "";
+}
+
+// Compared before anything is copied: a run dir continued with another model (or another number of classes)
+// is one line naming both models and the first tensor that differs, where load_weights would list every one.
+void require_same_model(const TensorFile& file, const TensorFile& saved, const torch::nn::Module& module,
+                        const std::string& path) {
+  const std::string difference = first_model_difference(saved, module);
+  if (difference.empty()) return;
+  const std::string saved_class = optional_meta(file, kModelClass, "model");
+  const size_t module_tensors = named_state(module).size();
+  const std::string models =
+      saved_class == module.name() && saved.tensors.size() == module_tensors
+          ? ""
+          : fmt::format("the checkpoint holds a {} of {} tensors, this run's model is a {} of {}, and ", saved_class,
+                        saved.tensors.size(), module.name(), module_tensors);
+  throw InvalidArgument(fmt::format("{} was written for another model: {}{}; resume with the `model` and "
+                                    "`num_classes` the run was trained with, or start a new run in another `run_dir`",
+                                    path, models, difference));
+}
+
+// The file at `path`, read whole and checked to be an intact tandem checkpoint.
+TensorFile read_checkpoint_file(const std::string& path) {
+  TensorFile file;
+  try {
+    file = load_safetensors(path);
+  } catch (const InvalidArgument& unreadable) {
+    throw_unusable(unreadable.what(), path);
+  }
+  const std::string damage = damage_of(file, path);
+  if (!damage.empty()) throw_unusable(damage, path);
+  return file;
+}
+
 CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Module& module,
                                         torch::optim::Optimizer& optimizer, const std::string& kind,
                                         ExtraState* extra) {
-  TensorFile file = load_safetensors(path);
+  const TensorFile file = read_checkpoint_file(path);
   const std::string format = optional_meta(file, "format", "");
-  if (format != kCheckpointFormat && format != kSecondFormat && format != kFirstFormat) {
-    throw InvalidArgument(not_a_checkpoint(path));
-  }
-  const std::string damage = damage_of(file, path);
-  if (!damage.empty()) {
-    throw InvalidArgument(damage + "; continue from an older checkpoint, or start a new run in another `run_dir`");
-  }
   if (format != kCheckpointFormat) {
     log::main_info("{} is a {} checkpoint, written before checkpoints carried checksums: it is loaded unverified",
                    path, format);
@@ -243,9 +306,10 @@ CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Modu
 
   TensorFile model_part;
   const std::string model_prefix = kModelPrefix;
-  for (auto& [name, tensor] : file.tensors) {
+  for (const auto& [name, tensor] : file.tensors) {
     if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
   }
+  require_same_model(file, model_part, module, path);
   load_weights(module, model_part, path, /*strict=*/true);
   if (format == kFirstFormat) {
     restore_first_format_momentum(file, path, module, optimizer, kind);

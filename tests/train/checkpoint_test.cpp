@@ -187,6 +187,68 @@ TEST(Checkpoint, ACheckpointOfAnotherLibTorchMajorVersionIsOneLine) {
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
 }
 
+// A run dir continued with another model: one line naming both models and the first tensor that differs, where
+// loading listed every tensor of both and blamed `strict`, which the caller had not asked for.
+TEST(Checkpoint, ResumingWithAnotherModelIsOneLineNamingBothAndTheFirstDifference) {
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = checkpoint_after_one_step("other_model", net, *sgd);
+  nn::CnnNetOptions five_classes;
+  five_classes.num_classes = 5;
+  nn::CnnNet other(five_classes);
+  auto other_sgd = make_sgd(other);
+  const torch::Tensor before = other->named_parameters()["conv1.weight"].clone();
+  std::string error = load_error(path, other, *other_sgd);
+  EXPECT_NE(error.find(path + " was written for another model: 'output.weight' is [10, "), std::string::npos) << error;
+  EXPECT_NE(error.find("in the checkpoint, [5, "), std::string::npos) << error;
+  EXPECT_NE(error.find("`model` and `num_classes`"), std::string::npos) << error;
+  EXPECT_EQ(error.find("strict"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_TRUE(torch::equal(other->named_parameters()["conv1.weight"], before)) << "restored before refusing";
+
+  auto sequential = torch::nn::Sequential(torch::nn::Linear(4, 2));
+  torch::optim::SGD sequential_sgd(sequential->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    load_checkpoint(path, *sequential, sequential_sgd);
+    ADD_FAILURE() << "a checkpoint of a CnnNet loaded into a Sequential";
+  } catch (const InvalidArgument& refused) {
+    error = refused.what();
+  }
+  EXPECT_NE(error.find("the checkpoint holds a tandem::nn::CnnNetImpl of 12 tensors, this run's model is a "
+                       "torch::nn::SequentialImpl of 2, and the model's '0.weight' is not in the checkpoint"),
+            std::string::npos)
+      << error;
+
+  // Checkpoints of tandems that did not record the model's type still name its size.
+  rewrite_without_checksums(path, [](TensorFile& file) { file.metadata.erase("model_class"); });
+  error = load_error(path, other, *other_sgd);
+  EXPECT_NE(error.find("the checkpoint holds a model of 12 tensors, this run's model is a tandem::nn::CnnNetImpl"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(load_error(path, net, *sgd), "");
+}
+
+// What is wrong with the file itself, where the run dir's checkpoint before it would do: the line says to move it
+// out of the way, naming it, or to start elsewhere.
+TEST(Checkpoint, AnUnreadableCheckpointSaysToMoveItAside) {
+  nn::CnnNet net;
+  auto sgd = make_sgd(net);
+  const std::string path = checkpoint_after_one_step("unreadable", net, *sgd);
+  const std::string remedy = "move checkpoint-0001-00000000.safetensors out of the run dir to continue from the "
+                             "checkpoint before it, or start a new run in another `run_dir`";
+  rewrite_without_checksums(path, [](TensorFile& file) { file.metadata.erase("step"); });
+  std::string error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find(path + ": checkpoint metadata lacks 'step'; " + remedy), std::string::npos) << error;
+
+  std::filesystem::resize_file(path, 6);
+  error = load_error(path, net, *sgd);
+  EXPECT_NE(error.find(path + ": the file is 6 bytes"), std::string::npos) << error;
+  EXPECT_NE(error.find(remedy), std::string::npos) << error;
+  // What the run dir's search for an intact checkpoint reports and logs: what is wrong, without the remedy,
+  // which depends on whether an older checkpoint is left.
+  EXPECT_EQ(checkpoint_damage(path).find("move "), std::string::npos) << checkpoint_damage(path);
+}
+
 // 2.x's Optimizer::load would bring back the saved options; the continued run's own (its flags) must win.
 TEST(Checkpoint, TheContinuedRunKeepsItsOwnOptimizerOptions) {
   nn::CnnNet net;

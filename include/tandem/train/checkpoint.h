@@ -6,7 +6,8 @@
 //                       and every per-parameter state, e.g. SGD momentum or Adam's moments and step counts)
 //   rng.cpu, rng.device each rank's random generator state, one row per rank (when the caller saves them)
 //   extra.<name>        the user's own tensors (ExtraState)
-//   __metadata__        format, optimizer (its C++ type), the archive's fingerprint, the LibTorch major version,
+//   __metadata__        format, model_class and optimizer (their C++ types), the archive's fingerprint, the
+//                       LibTorch major version,
 //                       epoch, step, batches_done, the schedule, the data order (sampler_seed, world_size,
 //                       batch_size, shuffle, drop_last), the training set (train_samples, train_fingerprint),
 //                       the unfinished epoch's loss and time, the precision and the loss scaler's state
@@ -85,9 +86,12 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
 
 // Restores model weights (strict: every tensor must match) and the optimizer's state in place, its tensors on
 // the model's device, fills `extra` when given, and returns the state. Every entry and the header are checked
-// against their checksums first, before anything is restored. Throws InvalidArgument naming the file if it is
-// damaged (naming the entry whose checksum fails), truncated, not a tandem checkpoint, does not fit the model,
-// was written with another kind of optimizer or by a build with another LibTorch major version (the optimizer's archive does not carry across). The optimizer keeps its own
+// against their checksums first, before anything is restored. Throws InvalidArgument, one line naming the file:
+// when it is damaged (naming the entry whose checksum fails), truncated or not a tandem checkpoint, the line
+// says to move it aside (the run dir's previous checkpoint is then continued) or to start another run; when it
+// does not fit the model, it names the model it was written for, this one, and the first tensor that differs;
+// and when it was written with another kind of optimizer or by a build with another LibTorch major version (the
+// optimizer's archive does not carry across), it names both. The optimizer keeps its own
 // options (lr aside, which the caller's schedule sets); only its state comes from the file. A checkpoint of
 // the first format (tandem-checkpoint-1, SGD momentum only) still restores into an SGD optimizer. Checkpoints of
 // the formats before checksums (tandem-checkpoint-1 and -2) load unverified, with a note in the log.
