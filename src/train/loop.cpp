@@ -164,7 +164,9 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   }
   // Inside a resumed epoch its finished batches are skipped in the sampler's order, never loaded.
   train_loader_->start_epoch(epoch, progress.batches_done);
-  progress_->start_epoch(epoch, progress.batches_done);
+  // The bar counts to where max_steps stops the run, so that its ETA is the time to the stop.
+  progress_->start_epoch(epoch, progress.batches_done,
+                         options_.max_steps > 0 ? (options_.max_steps - step_) * options_.accumulate_batches : 0);
   const auto start = std::chrono::steady_clock::now();
   const double earlier_seconds = progress.seconds;
   const auto seconds_so_far = [&] {

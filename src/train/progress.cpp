@@ -29,7 +29,8 @@ ProgressReporter::ProgressReporter(int64_t batches_per_epoch, int64_t samples_pe
                                    ProgressOptions options)
     : batches_per_epoch_(std::max<int64_t>(1, batches_per_epoch)),
       samples_per_batch_(samples_per_batch_all_ranks),
-      options_(options) {
+      options_(options),
+      end_batch_(batches_per_epoch_) {
   if (options_.terminal >= 0) {
     terminal_ = options_.terminal == 1;
   } else {
@@ -38,9 +39,11 @@ ProgressReporter::ProgressReporter(int64_t batches_per_epoch, int64_t samples_pe
   }
 }
 
-void ProgressReporter::start_epoch(int epoch, int64_t first_batch) {
+void ProgressReporter::start_epoch(int epoch, int64_t first_batch, int64_t batches_to_train) {
   epoch_ = epoch;
   first_batch_ = first_batch;
+  end_batch_ = batches_to_train > 0 ? std::min(batches_per_epoch_, first_batch + batches_to_train)
+                                    : batches_per_epoch_;
   last_printed_ = -1;
   start_ = std::chrono::steady_clock::now();
   last_draw_.reset();
@@ -52,13 +55,13 @@ void ProgressReporter::update(int64_t batch, double mean_loss) {
   if (terminal_) {
     // Redrawing costs a write per step; ten times a second is enough for a person.
     const auto now = std::chrono::steady_clock::now();
-    if (last_draw_ && done < batches_per_epoch_ && now - *last_draw_ < std::chrono::milliseconds(100)) return;
+    if (last_draw_ && done < end_batch_ && now - *last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     draw(done, mean_loss);
     return;
   }
-  const int64_t every = std::max<int64_t>(1, batches_per_epoch_ / std::max(1, options_.lines_per_epoch));
-  if (done % every == 0 || done == batches_per_epoch_) draw(done, mean_loss);
+  const int64_t every = std::max<int64_t>(1, end_batch_ / std::max(1, options_.lines_per_epoch));
+  if (done % every == 0 || done == end_batch_) draw(done, mean_loss);
 }
 
 void ProgressReporter::end_epoch() {
@@ -72,18 +75,18 @@ void ProgressReporter::draw(int64_t done, double mean_loss) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const int64_t done_here = done - first_batch_;
   const double rate = elapsed > 0 ? done_here * samples_per_batch_ / elapsed : 0;
-  const double eta = done_here > 0 ? elapsed / done_here * (batches_per_epoch_ - done) : -1;
+  const double eta = done_here > 0 ? elapsed / done_here * (end_batch_ - done) : -1;
   if (terminal_) {
     constexpr int kWidth = 24;
-    const int filled = static_cast<int>(kWidth * done / batches_per_epoch_);
+    const int filled = static_cast<int>(kWidth * done / end_batch_);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(options_.out, "\r[epoch %d] [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches_per_epoch_), mean_loss,
+    std::fprintf(options_.out, "\r[epoch %d] [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(end_batch_), mean_loss,
                  rate, format_duration(eta).c_str());
     std::fflush(options_.out);
   } else {
     log::write("", fmt::format("[epoch {}] batch {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch_, done,
-                               batches_per_epoch_, mean_loss, rate, format_duration(eta)));
+                               end_batch_, mean_loss, rate, format_duration(eta)));
   }
   last_printed_ = done;
 }

@@ -6,7 +6,9 @@
 // stay short and readable:
 //   [epoch 2] batch 412/937 loss 0.4123 9123 samples/s ETA 00:05
 // Epochs are numbered from 0, as in the "[epoch 2] loss ... accuracy ..." line that ends each epoch, in
-// metrics.jsonl and in checkpoint names. Other ranks construct it disabled and it prints nothing.
+// metrics.jsonl and in checkpoint names. An epoch that the run will stop inside (max_steps) counts to where it
+// stops, "250/250", so that its ETA is the time to that stop. Other ranks construct it disabled and it prints
+// nothing.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -28,8 +30,9 @@ class ProgressReporter {
   ProgressReporter(int64_t batches_per_epoch, int64_t samples_per_batch_all_ranks,
                    ProgressOptions options = {});
 
-  // Starts timing an epoch that begins at batch `first_batch` (non-zero after a mid-epoch resume).
-  void start_epoch(int epoch, int64_t first_batch = 0);
+  // Starts timing an epoch that begins at batch `first_batch` (non-zero after a mid-epoch resume). The run trains
+  // at most `batches_to_train` batches of it from there (0: to the epoch's end), when max_steps stops it early.
+  void start_epoch(int epoch, int64_t first_batch = 0, int64_t batches_to_train = 0);
   // After batch `batch` (0-based) of the current epoch, with the running mean loss across ranks.
   void update(int64_t batch, double mean_loss);
   // Ends the bar's line (terminal mode).
@@ -44,6 +47,7 @@ class ProgressReporter {
   bool terminal_ = false;
   int epoch_ = 0;
   int64_t first_batch_ = 0;
+  int64_t end_batch_ = 0;  // where this epoch's training ends: batches_per_epoch_, or earlier at a max_steps stop
   int64_t last_printed_ = -1;
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::steady_clock::time_point> last_draw_;  // none yet in this epoch
