@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -314,10 +315,27 @@ class Supervisor {
   int exec_failure_code_ = 0;
 };
 
+// On several nodes every worker connects to the master by name. One that no name server knows would leave each
+// worker retrying it until its own timeout (tandem train's: 300 s), with a LibTorch warning every second; a
+// lookup that fails for the moment (EAI_AGAIN) may yet succeed, and is left to the workers.
+void check_master_resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (error == EAI_NONAME) {
+    throw InvalidArgument(fmt::format("`master_addr` {} names no host that this node can find ({}); give node 0's "
+                                      "address, or a host name that every node resolves",
+                                      host, ::gai_strerror(error)));
+  }
+}
+
 }  // namespace
 
 int launch(const LaunchPlan& plan) {
   if (plan.nnodes > 1) {
+    check_master_resolves(plan.master_addr);
     Supervisor supervisor(plan, nullptr);
     return supervisor.run();
   }

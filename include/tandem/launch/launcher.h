@@ -15,8 +15,9 @@ namespace tandem::launch {
 // for `tandem run`: 0 when all succeeded, the failed worker's shell_code() once no restart is left, 128 + signal
 // when the launcher was signalled, 127 (126) when the command cannot be found (executed). Those outcomes are
 // reported on stderr in one line starting "tandem run: ". On one node it first starts the workers' rendezvous store
-// (local_store.h). Throws InvalidArgument when the log directory cannot be created or written in, CommError when
-// the store's port cannot be bound; no worker has started then.
+// (local_store.h). Throws InvalidArgument when the log directory cannot be created or written in, or when on
+// several nodes no host has the master's name; CommError when the store's port cannot be bound; no worker has
+// started then.
 int launch(const LaunchPlan& plan);
 
 }  // namespace tandem::launch
