@@ -1,0 +1,163 @@
+// Bad input at the `tandem` program's boundary and to the commands that train nothing (`tandem run`, `report`,
+// `export-images`): each ends in one line that names the word, flag or file and says what to do, with exit code 2
+// for a wrong command line (1 for a failure while running), and never a LibTorch backtrace (issue 29). A process
+// that is no rank says "tandem: error:", where a rank says "[tandem rank r/N] error:".
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/error_line.h"
+#include "apps/unknown_command.h"
+#include "support/bad_input.h"
+#include "support/processes.h"
+#include "tandem/config.h"
+#include "tandem/util/error.h"
+
+namespace tandem::app::bad_program_inputs {
+namespace {
+
+using testing::BadInput;
+
+// The files the rows refer to, made once for the suite (see BadProgramInput::SetUpTestSuite).
+std::string fixture_root() {
+  static const std::string root =
+      (std::filesystem::temp_directory_path() / ("tandem_bad_program_inputs_" + std::to_string(::getpid()))).string();
+  return root;
+}
+std::string fixture(const std::string& name) { return fixture_root() + "/" + name; }
+
+std::vector<BadInput> bad_inputs() {
+  const std::string a_file = fixture("a_file.txt");
+  return {
+      // The program's first word.
+      {"UnknownCommandSuggestsTheNearest", {"trian"},
+       {"tandem: error: unknown command 'trian'", "did you mean 'train'?", "bench, export-images, report, run, train"}},
+      {"UnknownCommandListsTheCommands", {"xyzzy"}, {"unknown command 'xyzzy'", "the commands are bench"}},
+      {"NoCommand", {}, {"tandem: error: a command is required", "train"}},
+      // tandem report
+      {"ReportOnAFile", {"report", a_file}, {"tandem: error: ", a_file, "is a file, not a run directory", "--run-dir"}},
+      {"ReportOnAFolderWithoutMetrics", {"report", fixture("empty_folder")},
+       {"tandem: error: ", fixture("empty_folder/metrics.jsonl") + " not found", "not a run directory"}},
+      {"ReportOnAMissingFolder", {"report", fixture("absent")}, {"run directory " + fixture("absent") + " not found"}},
+      // tandem run: ranges checked before anything starts
+      {"RunTooManyWorkers", {"run", "--nproc-per-node", "100000", "--", "true"},
+       {"tandem: error: --nproc-per-node 100000", "at most 1024"}},
+      {"RunZeroWorkers", {"run", "--nproc-per-node", "0", "--", "true"}, {"--nproc-per-node: must be a whole number from 1 to", "not 0"}},
+      {"RunZeroNodes", {"run", "--nnodes", "0", "--", "true"}, {"--nnodes: must be a whole number from 1 to", "not 0"}},
+      {"RunNegativeNodeRank", {"run", "--node-rank", "-1", "--", "true"}, {"--node-rank: must be a whole number from 0 to", "not -1"}},
+      {"RunNodeRankPastTheNodes", {"run", "--nnodes", "2", "--node-rank", "2", "--master-addr", "10.0.0.1", "--", "true"},
+       {"--node-rank 2 is outside 0..1"}},
+      {"RunMasterPortOutOfRange", {"run", "--master-port", "70000", "--", "true"}, {"--master-port: must be a whole number from 0 to 65535, not 70000"}},
+      {"RunNegativeGracePeriod", {"run", "--grace-period", "-1", "--", "true"}, {"--grace-period: must be between 0 and 86400, not -1"}},
+      {"RunGracePeriodNotANumber", {"run", "--grace-period", "nan", "--", "true"}, {"--grace-period: must be between 0 and 86400, not nan"}},
+      {"RunInfiniteGracePeriod", {"run", "--grace-period", "inf", "--", "true"}, {"--grace-period: must be between 0 and 86400, not inf"}},
+      {"RunNegativeMaxRestarts", {"run", "--max-restarts", "-1", "--", "true"}, {"--max-restarts: must be a whole number from 0 to 1000, not -1"}},
+      {"RunHugeMaxRestarts", {"run", "--max-restarts", "1000000", "--", "true"}, {"--max-restarts: must be a whole number from 0 to 1000, not 1000000"}},
+      // tandem run: other bad values and commands
+      {"RunNothingAfterTheSeparator", {"run", "--"}, {"tandem: error: no command to run"}},
+      {"RunCommandBeforeNoSeparator", {"run", "true"}, {"put the command after `--`"}},
+      {"RunCommandThatDoesNotExist", {"run", "--", "tandem-no-such-command"},
+       {"cannot execute 'tandem-no-such-command'", "not found in PATH"}, 127},
+      {"RunGpusGarbage", {"run", "--gpus", "x", "--", "true"}, {"--gpus 'x'", "not a GPU index"}},
+      {"RunMasterAddrGarbage", {"run", "--master-addr", "garbage", "--", "true"},
+       {"--master-addr garbage", "loopback address"}},
+      // .invalid is reserved never to name a host (RFC 2606).
+      {"RunMasterAddrThatNamesNoHost", {"run", "--nnodes", "2", "--master-addr", "garbage.invalid", "--", "true"},
+       {"tandem: error: --master-addr garbage.invalid names no host", "give node 0's address"}},
+      {"RunLogDirUnderAFile", {"run", "--log-dir", a_file + "/logs", "--", "true"},
+       {"tandem: error: --log-dir '" + a_file + "/logs' cannot be created", "Not a directory"}},
+      // tandem export-images
+      {"ExportZeroPerClass", {"export-images", fixture("export_out"), "--per-class", "0"},
+       {"--per-class: must be a whole number from 1 to", "not 0"}},
+      {"ExportNegativePerClass", {"export-images", fixture("export_out"), "--per-class", "-1"},
+       {"--per-class: must be a whole number from 1 to", "not -1"}},
+      {"ExportFromAMissingSource", {"export-images", fixture("export_out"), "--source", fixture("absent")},
+       {"tandem: error: --source " + fixture("absent") + " is not a folder", "dataset-fashion-mnist"}},
+      {"ExportFromASourceWithoutLabels", {"export-images", fixture("export_out"), "--source", fixture("images_only")},
+       {"--source " + fixture("images_only") + " holds no train-labels-idx1-ubyte[.gz]", "dataset-fashion-mnist"}},
+      {"ExportAnUnknownSet", {"export-images", fixture("export_out"), "--source", fixture("images_only"), "--sets", "foo"},
+       {"holds no foo-images-idx3-ubyte[.gz]; the sets it holds are train: name those with --sets"}},
+      {"ExportIntoAFile", {"export-images", a_file}, {a_file + " is a file, not a folder"}},
+  };
+}
+
+class BadProgramInput : public ::testing::TestWithParam<BadInput> {
+ public:
+  static void SetUpTestSuite() {
+    std::filesystem::create_directories(fixture("empty_folder"));
+    std::filesystem::create_directories(fixture("images_only"));
+    std::ofstream(fixture("a_file.txt")) << "not a folder\n";
+    std::ofstream(fixture("images_only/train-images-idx3-ubyte.gz")) << "";
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(fixture_root()); }
+};
+
+// Nothing is written before a refusal: the export rows name their output folder, which must not appear.
+TEST_P(BadProgramInput, IsRefusedInOneLine) {
+  testing::expect_one_line_refusal(GetParam());
+  EXPECT_FALSE(std::filesystem::exists(fixture("export_out"))) << "the refused command created its output folder";
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadProgramInput, ::testing::ValuesIn(bad_inputs()),
+                         [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+// Under `tandem run` no MPI launcher started the ranks: each refuses before MPI starts, so Open MPI prints
+// neither its error log nor its MPI_ABORT banner.
+TEST_F(BadProgramInput, MpiBackendUnderTandemRunIsRefusedBeforeMpiStarts) {
+  if (!TANDEM_HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  const BadInput input{"MpiUnderTandemRun",
+                       {"run", "--nproc-per-node", "2", "--", testing::tandem_cli(), "train", "--backend", "mpi",
+                        "--epochs", "1"},
+                       {"[tandem rank", "error: --backend mpi needs its 2 ranks started by mpirun", "--backend gloo"},
+                       2,
+                       /*only_line=*/false};
+  const testing::ProcessResult result = testing::expect_one_line_refusal(input);
+  EXPECT_EQ(result.output.find("MPI_ABORT"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("ORTE_ERROR_LOG"), std::string::npos) << result.output;
+}
+
+// LibTorch's errors reach main() with a backtrace in what(); the line keeps the message only. Most bad values are
+// refused before they reach LibTorch, so the mapping is checked here on errors made for the purpose.
+TEST(ErrorLine, DropsLibTorchsBacktrace) {
+  try {
+    TORCH_CHECK(false, "`device` cuda:7 is not available");
+  } catch (const c10::Error& error) {
+    const std::string line = error_line(error);
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    EXPECT_EQ(line.find("Exception raised from"), std::string::npos) << line;
+    EXPECT_NE(line.find("--device cuda:7 is not available"), std::string::npos) << line;
+  }
+}
+
+TEST(ErrorLine, DropsTheBacktraceOfAWrappedLibTorchError) {
+  try {
+    TORCH_CHECK(false, "connection refused");
+  } catch (const c10::Error& error) {
+    EXPECT_EQ(error_line(CommError(std::string("cannot reach the store: ") + error.what())),
+              "cannot reach the store: connection refused");
+  }
+}
+
+TEST(ErrorLine, JoinsContextLinesIntoOne) {
+  c10::Error error(c10::SourceLocation{__func__, __FILE__, __LINE__}, "the message");
+  error.add_context("first context");
+  error.add_context("second context");
+  EXPECT_EQ(error_line(error), "the message; first context; second context");
+}
+
+TEST(UnknownCommand, SuggestsOnlyANearCommand) {
+  const std::vector<std::string> commands = {"train", "run", "report"};
+  EXPECT_EQ(unknown_command_line("rn", commands),
+            "unknown command 'rn': did you mean 'run'? The commands are report, run, train");
+  EXPECT_EQ(unknown_command_line("reprot", commands),
+            "unknown command 'reprot': did you mean 'report'? The commands are report, run, train");
+  EXPECT_EQ(unknown_command_line("fit", commands), "unknown command 'fit'; the commands are report, run, train");
+}
+
+}  // namespace
+}  // namespace tandem::app::bad_program_inputs
