@@ -81,8 +81,9 @@ void ProgressReporter::draw(int64_t done, double mean_loss) {
     const int filled = static_cast<int>(kWidth * done / end_batch_);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(options_.out, "\r[epoch %d] [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(end_batch_), mean_loss,
-                 rate, format_duration(eta).c_str());
+    std::fprintf(options_.out, "\r[epoch %d] [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s ", epoch_, bar.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(end_batch_), mean_loss, rate,
+                 format_duration(eta).c_str());
     std::fflush(options_.out);
   } else {
     log::write("", fmt::format("[epoch {}] batch {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch_, done,

@@ -1,0 +1,209 @@
+// `tandem train` continuing a run dir it cannot continue, through the built binary on tiny data: another model,
+// another number of classes, another seed, a checkpoint whose header is damaged, cut short or lacks a value. Each
+// is one line naming the checkpoint, what is wrong in plain words and what to do (issue 29); a resume with
+// another model was a 6 KB list of every tensor that blamed --strict, which nobody had given. Beside them, two
+// runs whose output was wrong: a --steps stop whose progress bar counted to the epoch's end (and so did its
+// ETA), and an image folder with --val-split 0 that reported an accuracy of 0 of 0 samples.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <ostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "support/bad_input.h"
+#include "support/processes.h"
+#include "support/tiny_datasets.h"
+#include "tandem/train/safetensors.h"
+
+namespace tandem::app::bad_train_run {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::make_temp_dir;
+
+constexpr const char* kFirstCheckpoint = "checkpoint-0001-00000000.safetensors";
+
+// `tandem train` for one epoch on `data` into `run_dir` with small batches and one thread, plus `args`.
+std::vector<std::string> train_args(const std::string& data, const std::string& run_dir,
+                                    const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"train", "--data", data, "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                                   "--no-tensorboard", "--no-report", "--run-dir", run_dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+testing::ProcessResult run_tandem(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {testing::tandem_cli()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing::run_process(argv, {}, std::chrono::seconds(120));
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A byte inside the checkpoint's JSON header that is not valid UTF-8: the parser's own message was
+// "[json.exception.parse_error.101] ... ill-formed UTF-8 byte".
+void break_header(const std::string& checkpoint) {
+  std::string bytes = read_bytes(checkpoint);
+  bytes[8 + 20] = '\xff';
+  write_bytes(checkpoint, bytes);
+}
+
+// The checkpoint as a copy cut short leaves it: its last tensors lie past the end.
+void cut_short(const std::string& checkpoint) { fs::resize_file(checkpoint, fs::file_size(checkpoint) / 2); }
+
+// The checkpoint rewritten as one of the format before checksums whose metadata lacks its epoch: nothing checks
+// it before the loop reads its values.
+void drop_epoch(const std::string& checkpoint) {
+  train::TensorFile file = train::load_safetensors(checkpoint);
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, value] : file.metadata) {
+    if (key != "epoch" && key.rfind("crc32c.", 0) != 0) metadata[key] = value;
+  }
+  metadata["format"] = "tandem-checkpoint-2";
+  train::save_safetensors(checkpoint, file.tensors, metadata);
+}
+
+// One row: a run dir in which the default cnn trained an epoch, `damage`d, then continued with `args`.
+struct BadRunDir {
+  std::string name;
+  std::function<void(const std::string& checkpoint)> damage;  // null: the checkpoint is left whole
+  std::vector<std::string> args;
+  // What the error line holds besides the checkpoint's name and the remedy's flag (--run-dir).
+  std::vector<std::string> mentions;
+  // Refused while the run dir is searched, before the run starts: the error is the only line. Otherwise the
+  // configuration comes first, as the checkpoint is read once the run has started.
+  bool only_line = false;
+  // Train on an image folder of RGB images (the ResNets take no others) rather than MNIST files.
+  bool rgb = false;
+};
+
+void PrintTo(const BadRunDir& row, std::ostream* out) { *out << row.name; }
+
+class BadTrainRun : public ::testing::TestWithParam<BadRunDir> {};
+
+TEST_P(BadTrainRun, IsOneLineNamingTheCheckpointWhatIsWrongAndWhatToDo) {
+  const BadRunDir& row = GetParam();
+  const std::string data = row.rgb ? testing::write_tiny_image_folder("bad_run_" + row.name, 8)
+                                   : testing::write_tiny_mnist("bad_run_" + row.name, 32, 8);
+  const std::vector<std::string> data_args =
+      row.rgb ? std::vector<std::string>{"--image-size", "32"} : std::vector<std::string>{};
+  const std::string run_dir = make_temp_dir("bad_run_dir_" + row.name) + "/run";
+  const testing::ProcessResult first = run_tandem(train_args(data, run_dir, data_args));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string checkpoint = run_dir + "/" + kFirstCheckpoint;
+  ASSERT_TRUE(fs::exists(checkpoint)) << first.output;
+  if (row.damage) row.damage(checkpoint);
+
+  std::vector<std::string> args = data_args;
+  args.insert(args.end(), row.args.begin(), row.args.end());
+  testing::BadInput input{row.name, train_args(data, run_dir, args), row.mentions};
+  input.mentions.push_back(checkpoint);
+  input.mentions.push_back("--run-dir");
+  input.only_line = row.only_line;
+  const testing::ProcessResult result = testing::expect_one_line_refusal(input);
+  EXPECT_EQ(result.output.find("resuming from"), std::string::npos) << "the run went on:\n" << result.output;
+  EXPECT_TRUE(fs::exists(checkpoint)) << "the refusal moved the user's checkpoint";
+  EXPECT_EQ(result.output.find("--strict"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("json.exception"), std::string::npos) << result.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadTrainRun,
+    ::testing::Values(
+        // The model's class and size, the first tensor that differs, and the flags to change.
+        BadRunDir{"another_model",
+                  nullptr,
+                  {"--model", "resnet18"},
+                  {"was written for another model", "the checkpoint holds a tandem::nn::CnnNetImpl of ",
+                   "this run's model is a tandem::nn::ResNetImpl of ", "'conv1.weight' is [",
+                   "resume with the --model and --num-classes the run was trained with"},
+                  /*only_line=*/false,
+                  /*rgb=*/true},
+        // The same class with BatchNorm layers: the first tensor that the checkpoint lacks.
+        BadRunDir{"the_model_with_batch_norm",
+                  nullptr,
+                  {"--model", "cnn-bn"},
+                  {"was written for another model", "is not in the checkpoint", "--model"}},
+        BadRunDir{"another_number_of_classes",
+                  nullptr,
+                  {"--num-classes", "12"},
+                  {"was written for another model", "'output.weight' is [10, ", "in the checkpoint, [12, ",
+                   "--num-classes"}},
+        BadRunDir{"another_seed", nullptr, {"--seed", "7"}, {"--seed 0", "resume with the same"}},
+        // Damage that leaves no intact checkpoint to fall back on.
+        BadRunDir{"header_not_json",
+                  break_header,
+                  {},
+                  {"is damaged", "its header is not valid JSON at byte"},
+                  /*only_line=*/true},
+        BadRunDir{"cut_short", cut_short, {}, {"is damaged", "(the file was cut short)"}, /*only_line=*/true},
+        // Damage only the loop's reading finds: the checkpoint before it would be continued once it is moved.
+        BadRunDir{"metadata_without_epoch",
+                  drop_epoch,
+                  {},
+                  {"checkpoint metadata lacks 'epoch'", std::string("move ") + kFirstCheckpoint +
+                                                            " out of the run dir to continue from the checkpoint "
+                                                            "before it, or start a new run in another --run-dir"}}),
+    [](const ::testing::TestParamInfo<BadRunDir>& info) { return info.param.name; });
+
+// 32 samples in batches of 8: 4 batches an epoch, of which --steps 3 trains 3. The bar counted to 4 and its ETA to
+// the epoch's end, a step the run never takes.
+TEST(TrainRunOutput, AStepsStopCountsTheProgressBarToTheStop) {
+  const std::string data = testing::write_tiny_mnist("steps_progress", 32, 8);
+  const std::string run_dir = make_temp_dir("steps_progress_run") + "/run";
+  const testing::ProcessResult result = run_tandem(train_args(data, run_dir, {"--steps", "3"}));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  // Without a terminal, a plain line for each batch of so short an epoch.
+  EXPECT_NE(result.output.find("[epoch 0] batch 1/3 "), std::string::npos) << result.output;
+  EXPECT_TRUE(std::regex_search(result.output, std::regex(R"(\[epoch 0\] batch 3/3 [^\n]* ETA 00:00\n)")))
+      << result.output;
+  EXPECT_EQ(result.output.find("/4 "), std::string::npos) << result.output;
+}
+
+// An image folder split with --val-split 0 leaves nothing to evaluate: the run says so once, and no epoch reports
+// an accuracy, neither its line, nor metrics.jsonl, nor TensorBoard.
+TEST(TrainRunOutput, NothingToEvaluateIsSaidOnceAndNoAccuracyIsWritten) {
+  const std::string data = testing::write_tiny_image_folder("nothing_to_evaluate", 8);
+  const std::string run_dir = make_temp_dir("nothing_to_evaluate_run") + "/run";
+  const testing::ProcessResult result = run_tandem(
+      {"train", "--data", data, "--val-split", "0", "--image-size", "28", "--epochs", "2", "--batch-size", "8",
+       "--threads", "1", "--no-report", "--run-dir", run_dir});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("[epoch 1] loss "), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("accuracy"), std::string::npos) << result.output;
+  const std::string nothing = "the evaluation set holds no samples";
+  const size_t said = result.output.find(nothing);
+  EXPECT_NE(said, std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(nothing, said + 1), std::string::npos) << "said more than once:\n" << result.output;
+
+  const std::string metrics = read_bytes(run_dir + "/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"loss\""), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("accuracy"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("\"total\""), std::string::npos) << metrics;
+  // A tag is stored as its plain text in the event records.
+  int event_files = 0;
+  for (const auto& entry : fs::directory_iterator(run_dir)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) != 0) continue;
+    ++event_files;
+    const std::string events = read_bytes(entry.path().string());
+    EXPECT_NE(events.find("learning_rate"), std::string::npos) << entry.path();
+    EXPECT_EQ(events.find("accuracy"), std::string::npos) << entry.path();
+  }
+  EXPECT_EQ(event_files, 1);
+}
+
+}  // namespace
+}  // namespace tandem::app::bad_train_run
