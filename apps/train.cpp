@@ -1,10 +1,13 @@
 // `tandem train`: the seeds' training program. This file is only the table of flags, bound to the library's
 // option structs; the program is apps/program/training_program.h. Launch it once per rank, e.g.
 //   tandem run --nproc-per-node 2 -- tandem train --epochs 10
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "apps/command.h"
 #include "apps/flag_checks.h"
@@ -17,6 +20,22 @@
 
 namespace tandem::app {
 namespace {
+
+// Upper bounds of the flags whose type allows far more than a run can use: a value past them fails, if at all,
+// deep inside LibTorch (an allocation, a thread pool), long after the command line was read.
+//
+// A classifier head holds features x classes weights (512 x 100000 for a ResNet: 200 MB, times three with its
+// gradient and momentum); the largest common classification sets have about 22000 classes (ImageNet-21k).
+constexpr int64_t kMostClasses = 100000;
+// One 1024 x 1024 RGB image is 12 MiB as float32, and a ResNet's first activations 21 times that; models are
+// trained at 224 to 600. --image-size 20000 failed as an allocation of several GB per image.
+constexpr int64_t kLargestImageSize = 1024;
+// Each intra-op thread and each DataParallel CPU replica is an OS thread (a replica also a copy of the model):
+// more than the cores of any one machine.
+constexpr int kMostThreads = 1024;
+// Below a second the ranks cannot count on connecting: gloo's rendezvous gave up "after 0 s" at 0.001.
+constexpr double kShortestTimeoutSeconds = 1;
+constexpr double kLongestTimeoutSeconds = 365 * 24 * 3600;
 
 struct TrainFlags {
   TrainingProgramOptions options;
@@ -51,6 +70,8 @@ int run_train(TrainFlags& flags) {
   loop.precision = amp::parse_precision(flags.precision);
   loop.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
+  // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.
+  validate(flags.options);
 
   InitOptions init;
   init.device = flags.device;
@@ -69,9 +90,9 @@ int run_train(TrainFlags& flags) {
   return 0;
 }
 
-std::string model_names() {
-  std::string names;
-  for (const auto& [name, description] : nn::registered_models()) names += (names.empty() ? "" : ", ") + name;
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, description] : nn::registered_models()) names.push_back(name);
   return names;
 }
 
@@ -81,50 +102,52 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   data::DataFolderOptions& d = p.data;
   train::LoopOptions& o = p.loop;
   command.add_option("--data", d.dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
-  command.add_option("--model", p.model, "model to train: " + model_names())->capture_default_str();
-  command.add_option("--num-classes", d.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; the class folders of an image folder)")->check(at_least(1));
+  command.add_option("--model", p.model, fmt::format("model to train: {}", fmt::join(model_names(), ", ")))->capture_default_str()->check(CLI::IsMember(model_names()));
+  command.add_option("--num-classes", d.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; for an image folder, its number of class folders)")->check(between<int64_t>(1, kMostClasses));
   command.add_flag("--sync-bn", p.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
-  command.add_option("--image-size", d.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(at_least(1));
-  command.add_option("--val-split", d.val_split, "image folders: fraction of each class held out for evaluation")->capture_default_str()->check(between(0, 0.99));
+  command.add_option("--image-size", d.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(between<int64_t>(1, kLargestImageSize));
+  command.add_option("--val-split", d.val_split, "image folders: fraction of each class held out for evaluation (default 0.2)")->check(between(0, 0.99));
   command.add_option("--min-crop-scale", d.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(between(0.01, 1));
   command.add_flag("--skip-bad-images", d.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
-  command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least(1));
-  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least(1));
-  command.add_option("--lr", p.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than(0));
+  command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least<int>(1));
+  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least<int64_t>(1));
+  // The rate and the weight decay become float32 scalars on float32 weights: past float32's range none can be one.
+  command.add_option("--lr", p.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than<float>(0));
   // A fraction, as the name says: below 0 the rate turns negative (gradient ascent), above 1 it would rise.
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr, 0 to 1 (cosine schedule per epoch; 1: a constant rate)")->capture_default_str()->check(between(0, 1));
-  command.add_option("--momentum", p.momentum, "SGD momentum")->capture_default_str();
-  command.add_option("--weight-decay", p.weight_decay, "SGD weight decay")->capture_default_str();
+  // At 1 the velocity never decays: every step adds all the gradients seen so far, and the steps grow without end.
+  command.add_option("--momentum", p.momentum, "SGD momentum")->capture_default_str()->check(at_least_and_below(0, 1));
+  command.add_option("--weight-decay", p.weight_decay, "SGD weight decay")->capture_default_str()->check(at_least<float>(0));
   command.add_flag("--zero", p.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");
-  command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least(0));
-  command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str();
+  command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least<int64_t>(0));
+  command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str()->check(at_least<uint64_t>(0));
   command.add_flag("--uneven", o.uneven_inputs, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
-  command.add_option("--accumulate-batches", o.accumulate_batches, "batches per optimizer step: all but the last under no_sync (gradients add up locally), each loss divided by their count, so a step trains on their mean as on one batch that many times larger")->capture_default_str()->check(at_least(1));
+  command.add_option("--accumulate-batches", o.accumulate_batches, "batches per optimizer step: all but the last under no_sync (gradients add up locally), each loss divided by their count, so a step trains on their mean as on one batch that many times larger")->capture_default_str()->check(at_least<int64_t>(1));
   command.add_option("--comm-hook", o.comm_hook, "how DDP reduces gradients between processes: average, fp16 or bf16 (compressed to 16 bits on the wire), powersgd (low-rank compression with error feedback)")->capture_default_str()->check(CLI::IsMember(ddp::comm_hook_names()));
-  command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least(1));
-  command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least(2));
+  command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least<int64_t>(1));
+  command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least<int64_t>(2));
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
-  command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)");
-  command.add_option("--threads", flags->threads, "intra-op threads per process (default: OMP_NUM_THREADS, else cores / local ranks)")->check(at_least(0));
+  command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD with STD above 0 (e.g. 0.2860,0.3530)"));
+  command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
   command.add_option("--init,--weights", p.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
-  command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least(0));
-  command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least(0));
-  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least(0));
+  command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));
+  command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
+  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run) or dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp"}));
-  command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(at_least(1));
+  command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(between<int>(1, kMostThreads));
   command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
   command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");
-  command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str();
+  command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str()->check(parsed_by(monitor::parse_step_window, "FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25)"));
   command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
-  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up")->capture_default_str()->check(between(0.001, 31536000));
+  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->capture_default_str()->check(between(kShortestTimeoutSeconds, kLongestTimeoutSeconds));
   return [flags] { return run_train(*flags); };
 });
 

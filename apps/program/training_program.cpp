@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/crop_defaults.h"
 #include "tandem/data/data_folder.h"
@@ -37,15 +39,7 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
   });
   // SyncBatchNorm before DDP and the optimizer (as PyTorch requires): the swap keeps the parameter tensors, and
   // DDP must see the model it will run.
-  if (o.sync_bn) {
-    nn::convert_sync_batchnorm(model.module.ptr(), communicator);
-    // Every rank holds the same model, so every rank refuses alike.
-    if (nn::count_sync_batchnorm(*model.module.ptr()) == 0) {
-      throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
-                                        "or train a model with BatchNorm (cnn-bn, resnet18, resnet34)",
-                                        o.model));
-    }
-  }
+  if (o.sync_bn) nn::convert_sync_batchnorm(model.module.ptr(), communicator);
   if (o.freeze_layers) {
     auto trainable = nn::freeze_all_but_head(model);
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
@@ -66,10 +60,12 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
   line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
-  line("batch size", fmt::format("{} per process, {} in all", o.batch_size, o.batch_size * world_size));
+  // The products in doubles: each flag may be as large as its type, and their product no longer fits.
+  const double batch_in_all = static_cast<double>(o.batch_size) * world_size;
+  line("batch size", fmt::format("{} per process, {} in all", o.batch_size, batch_in_all));
   if (o.accumulate_batches > 1) {
     line("accumulate", fmt::format("{} batches per step ({} samples in all)", o.accumulate_batches,
-                                   o.accumulate_batches * o.batch_size * world_size));
+                                   static_cast<double>(o.accumulate_batches) * batch_in_all));
   }
   if (o.comm_hook == "powersgd") {
     line("comm hook", fmt::format("powersgd (rank {}, from step {})", o.powersgd.matrix_approximation_rank,
@@ -88,7 +84,7 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
     line("normalize", fmt::format("mean {} std {}", folder.normalization->mean, folder.normalization->std));
   } else {
     line("image size", std::to_string(folder.image_size));
-    line("val split", fmt::format("{}", folder.val_split));
+    line("val split", fmt::format("{}", *folder.val_split));
     line("crop scale", fmt::format("train: random area [{:.3g}, 1]; val: resize to {:.4g} x size, center crop",
                                    folder.min_crop_scale, data::default_val_resize_ratio(folder.image_size)));
     line("bad images", folder.skip_bad_images ? "skip and count" : "stop with an error");
@@ -113,6 +109,23 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   return out;
 }
 
+// Whether --sync-bn would find BatchNorm layers in `model_name`: the registry does not say, so one is built and
+// converted as build_model() would, which takes a moment for a ResNet. Small RGB images are a shape every
+// registered model takes (the ResNets take RGB only, the CNNs any channels from 10x10 pixels).
+bool has_batch_norm(const std::string& model_name) {
+  const nn::Model model =
+      nn::make_model(model_name, nn::ModelOptions{/*num_classes=*/10, /*in_channels=*/3, /*image_size=*/32});
+  return nn::count_sync_batchnorm(*nn::convert_sync_batchnorm(model.module.ptr())) > 0;
+}
+
+std::string models_with_batch_norm() {
+  std::string names;
+  for (const auto& [name, description] : nn::registered_models()) {
+    if (has_batch_norm(name)) names += (names.empty() ? "" : ", ") + name;
+  }
+  return names;
+}
+
 }  // namespace
 
 void validate(const TrainingProgramOptions& o) {
@@ -124,6 +137,11 @@ void validate(const TrainingProgramOptions& o) {
     throw InvalidArgument("--sync-bn needs --strategy ddp: DataParallel's replicas are threads of one process, "
                           "with no process group to share statistics over");
   }
+  if (o.sync_bn && !has_batch_norm(o.model)) {
+    throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
+                                      "or train a model that has them ({})",
+                                      o.model, models_with_batch_norm()));
+  }
   if (o.zero && dp) {
     throw InvalidArgument("--zero needs --strategy ddp: it shards the optimizer state among processes, and "
                           "DataParallel's replicas are threads of one");
@@ -134,7 +152,13 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
   comm::Communicator* group = communicator.get();
   const int world = group ? group->world_size() : 1;
   const bool is_main = !group || group->rank() == 0;
-  validate(given);
+  // The loop multiplies the rate by the world size into a float32 scalar: --lr's own range cannot see the world.
+  const double scaled_lr = given.loop.scale_lr_by_world_size ? given.lr * world : given.lr;
+  if (scaled_lr > std::numeric_limits<float>::max()) {
+    throw InvalidArgument(fmt::format("--lr {} times the {} ranks is past float32's largest value ({}); use a "
+                                      "lower --lr",
+                                      given.lr, world, std::numeric_limits<float>::max()));
+  }
   TrainingProgramOptions options = given;
   options.data.seed = options.loop.seed;
   if (options.loop.strategy == Strategy::kDataParallel) {

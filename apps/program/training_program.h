@@ -38,13 +38,16 @@ struct TrainingProgramOptions {
   int dp_replicas = 0;        // --strategy dp's replicas; 0: dp::replica_devices' default
 };
 
-// Refuses the combinations of program settings that cannot train, in one line naming the flags. The loop checks
-// its own options when it starts.
+// Refuses the combinations of program settings that cannot train, in one line naming the flags: --sync-bn on a
+// model without BatchNorm, and the flags that need a --strategy other than the one given. Call it before any work,
+// the rendezvous included; it depends on the options alone, so every rank refuses alike. The loop checks its own
+// options when it starts.
 void validate(const TrainingProgramOptions& options);
 
-// Runs the whole training. `communicator` connects the ranks (null: a world of one) and must be the same group on
-// every rank; the same collectives run in the same order everywhere, so a failure found on one rank (a bad file,
-// a non-finite loss) is raised on all of them rather than leaving some waiting.
+// Runs the whole training with options that passed validate(). `communicator` connects the ranks (null: a world
+// of one) and must be the same group on every rank; the same collectives run in the same order everywhere, so a
+// failure found on one rank (a bad file, a non-finite loss) is raised on all of them rather than leaving some
+// waiting.
 train::TrainResult run_training(const TrainingProgramOptions& options, const comm::CommunicatorPtr& communicator);
 
 }  // namespace tandem::app

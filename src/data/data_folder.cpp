@@ -21,7 +21,25 @@ bool is_image_folder(const std::string& dir) {
   return false;
 }
 
+// MNIST files' own split and pixels leave an image folder's options nothing to do; a set one is refused, not
+// ignored, as the user asked for something the run would not do.
+void refuse_image_folder_options(const DataFolderOptions& o) {
+  if (o.val_split) {
+    throw InvalidArgument(fmt::format("`val_split` {}: {} holds MNIST files, which evaluate on their t10k files; "
+                                      "drop `val_split`, or export an image folder (tandem export-images DIR) to "
+                                      "hold out part of the training images",
+                                      *o.val_split, o.dir));
+  }
+  if (o.min_crop_scale != 0) {
+    throw InvalidArgument(fmt::format("`min_crop_scale` {}: {} holds MNIST files, which train on whole images "
+                                      "without random crops; drop `min_crop_scale`, or export an image folder "
+                                      "(tandem export-images DIR) to train on crops",
+                                      o.min_crop_scale, o.dir));
+  }
+}
+
 DataFolder open_mnist_files(DataFolderOptions& o) {
+  refuse_image_folder_options(o);
   DataFolder d;
   d.is_mnist = true;
   if (!o.normalization) o.normalization = guess_normalization(o.dir);
@@ -44,7 +62,8 @@ DataFolder open_mnist_files(DataFolderOptions& o) {
 
 DataFolder open_image_folder(DataFolderOptions& o) {
   DataFolder d;
-  ImageFolderSplit split = read_split_data(o.dir, o.val_split, o.seed);
+  if (!o.val_split) o.val_split = 0.2;
+  ImageFolderSplit split = read_split_data(o.dir, *o.val_split, o.seed);
   const auto classes = static_cast<int64_t>(split.classes.size());
   if (o.num_classes == 0) o.num_classes = classes;
   if (o.num_classes < classes) {

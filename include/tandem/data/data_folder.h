@@ -20,10 +20,11 @@ struct DataFolderOptions {
   // Labels lie below it, and the model has as many outputs. 0: kMnistClasses for MNIST files (whose labels must
   // then be 0-9), the class folders of an image folder (which refuses fewer than it has).
   int64_t num_classes = 0;
-  // Image folders only. image_size 0: 224 (MNIST files refuse any size but their own); min_crop_scale 0: by
-  // image size (crop_defaults.h).
+  // Image folders only: MNIST files are used as they are and evaluate on their t10k files, so they refuse a set
+  // val_split or min_crop_scale, and an image_size other than their own, rather than ignore it. image_size 0:
+  // 224; val_split unset: 0.2; min_crop_scale 0: by image size (crop_defaults.h).
   int64_t image_size = 0;
-  double val_split = 0.2;
+  std::optional<double> val_split;
   double min_crop_scale = 0;
   bool skip_bad_images = false;
   uint64_t seed = 0;  // the validation split and the augmentation
@@ -41,9 +42,10 @@ struct DataFolder {
 };
 
 // Opens `options.dir` and resolves options' data-dependent defaults (num_classes, normalization, image_size,
-// min_crop_scale) in place, so that every rank and the printed configuration see the same values. Throws
-// InvalidArgument naming the folder when it holds neither kind, `image_size` for MNIST files of another size, or
-// `num_classes` for fewer than an image folder's classes.
+// val_split, min_crop_scale) in place, so that every rank and the printed configuration see the same values.
+// Throws InvalidArgument naming the folder when it holds neither kind; naming `val_split` or `min_crop_scale` set
+// for MNIST files, or `image_size` for MNIST files of another size; or `num_classes` for fewer than an image
+// folder's classes.
 DataFolder open_data_folder(DataFolderOptions& options);
 
 }  // namespace tandem::data

@@ -1,0 +1,138 @@
+// `tandem train`'s flags out of their range, through the built binary (issue 29): each is one line naming the
+// flag, what it accepts and what it got, with exit code 2, before any work. Before, a negative momentum or weight
+// decay reached LibTorch's SGD and came back as its backtrace, --image-size 20000 as a failed allocation of
+// gigabytes, --epochs 99999999999 as CLI11's "Could not convert" with no range, --lr 1e300 as "cannot be
+// converted to type float without overflow" naming no flag, --seed -1 as the seed 18446744073709551615, and
+// --sync-bn on the CNN, --val-split and --min-crop-scale on MNIST files trained on as if they were not given.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/bad_input.h"
+#include "support/tiny_datasets.h"
+
+namespace tandem::app::bad_train_flags {
+namespace {
+
+using testing::BadInput;
+
+// Stand-ins in a row's arguments for what is made when the row runs: the rows are listed before any test runs.
+constexpr const char* kTinyMnist = "<tiny MNIST files>";
+constexpr const char* kTinyImageFolder = "<tiny image folder>";
+constexpr const char* kRunDir = "<run dir>";
+
+// `tandem train ARGS` on `data` for one short epoch: the rows that get past the command line refuse before
+// training, but should one train, it is over in a moment and writes only under the test's run dir.
+std::vector<std::string> train_on(const char* data, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"train", "--data", data, "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                                   "--no-tensorboard", "--no-report", "--run-dir", kRunDir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::vector<std::string> train(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"train"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::vector<BadInput> bad_inputs() {
+  return {
+      // SGD's own settings, refused by LibTorch with a backtrace before.
+      {"MomentumNegative", train({"--momentum", "-1"}),
+       {"tandem: error: --momentum: must be at least 0 and below 1, not -1 (see --help)"}},
+      {"MomentumNan", train({"--momentum", "nan"}), {"--momentum: must be at least 0 and below 1, not nan"}},
+      {"MomentumOfOne", train({"--momentum", "1"}), {"--momentum: must be at least 0 and below 1, not 1"}},
+      {"WeightDecayNegative", train({"--weight-decay", "-1"}),
+       {"--weight-decay: must be between 0 and 3.4028235e+38, not -1"}},
+      {"WeightDecayNan", train({"--weight-decay", "nan"}), {"--weight-decay:", "not nan"}},
+      // The rate: not finite, or no float32.
+      {"LrBeyondFloat", train({"--lr", "1e300"}), {"--lr: must be greater than 0 and at most 3.4028235e+38, not 1e300"}},
+      {"LrInfinite", train({"--lr", "inf"}), {"--lr:", "not inf"}},
+      {"LrTooSmallForFloat", train({"--lr", "1e-50"}), {"--lr: must be greater than 0", "not 1e-50"}},
+      {"LrfNan", train({"--lrf", "nan"}), {"--lrf: must be between 0 and 1, not nan"}},
+      // Whole numbers name their range up to their type's largest value.
+      {"EpochsBeyondInt", train({"--epochs", "99999999999"}),
+       {"tandem: error: --epochs: must be a whole number from 1 to 2147483647, not 99999999999 (see --help)"}},
+      {"EpochsFraction", train({"--epochs", "1.5"}), {"--epochs: must be a whole number from 1 to 2147483647, not 1.5"}},
+      {"BatchSizeBeyondInt64", train({"--batch-size", "9223372036854775808"}),
+       {"--batch-size: must be a whole number from 1 to 9223372036854775807, not 9223372036854775808"}},
+      {"StepsNegative", train({"--steps", "-1"}), {"--steps: must be a whole number from 0 to 9223372036854775807"}},
+      {"SeedNegative", train({"--seed", "-1"}),
+       {"--seed: must be a whole number from 0 to 18446744073709551615, not -1"}},
+      {"SeedBeyondUint64", train({"--seed", "18446744073709551616"}), {"--seed:", "not 18446744073709551616"}},
+      {"AccumulateBatchesZero", train({"--accumulate-batches", "0"}),
+       {"--accumulate-batches: must be a whole number from 1 to 9223372036854775807, not 0"}},
+      {"PowersgdRankZero", train({"--powersgd-rank", "0"}), {"--powersgd-rank: must be a whole number from 1", "not 0"}},
+      {"PowersgdStartOne", train({"--powersgd-start", "1"}), {"--powersgd-start: must be a whole number from 2", "not 1"}},
+      {"CheckpointEveryNegative", train({"--checkpoint-every", "-5"}),
+       {"--checkpoint-every: must be a whole number from 0 to 9223372036854775807, not -5"}},
+      {"KeepCheckpointsBeyondInt", train({"--keep-checkpoints", "3000000000"}),
+       {"--keep-checkpoints: must be a whole number from 0 to 2147483647, not 3000000000"}},
+      {"CheckReplicasEveryNegative", train({"--check-replicas-every", "-1"}),
+       {"--check-replicas-every: must be a whole number from 0", "not -1"}},
+      // Whole numbers whose type allows far more than a run can use.
+      {"ImageSizeBeyondAnyModel", train_on(kTinyImageFolder, {"--image-size", "20000"}),
+       {"--image-size: must be a whole number from 1 to 1024, not 20000"}},
+      {"NumClassesBeyondAnyDataSet", train({"--num-classes", "1000000000"}),
+       {"--num-classes: must be a whole number from 1 to 100000, not 1000000000"}},
+      {"ThreadsBeyondAnyMachine", train({"--threads", "5000"}),
+       {"--threads: must be a whole number from 0 to 1024, not 5000"}},
+      {"DpReplicasZero", train({"--strategy", "dp", "--dp-replicas", "0"}),
+       {"--dp-replicas: must be a whole number from 1 to 1024, not 0"}},
+      {"DpReplicasBeyondAnyMachine", train({"--strategy", "dp", "--dp-replicas", "100000"}),
+       {"--dp-replicas:", "not 100000"}},
+      // Too short for the ranks to connect: gloo gave up "after 0 s".
+      {"TimeoutBelowASecond", train({"--timeout", "0.001"}), {"--timeout: must be between 1 and 31536000, not 0.001"}},
+      // Text flags the library parses, refused on the command line with the flag's name.
+      {"TimelineStepsBackwards", train({"--timeline-steps", "9-3"}),
+       {"--timeline-steps: must be FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25), not 9-3"}},
+      {"TimelineStepsNotAWindow", train({"--timeline-steps", "six"}), {"--timeline-steps:", "not six"}},
+      {"NormalizeWithoutStd", train({"--normalize", "0.5"}),
+       {"--normalize: must be MEAN,STD with STD above 0 (e.g. 0.2860,0.3530), not 0.5"}},
+      {"NormalizeZeroStd", train({"--normalize", "0.5,0"}), {"--normalize: must be MEAN,STD", "not 0.5,0"}},
+      {"ModelUnknown", train({"--model", "resnet99"}), {"--model:", "resnet99", "cnn-bn"}},
+      // Settings that the data or the model leave nothing to do for: refused rather than ignored.
+      {"SyncBnOnAModelWithoutBatchNorm", train_on(kTinyMnist, {"--model", "cnn", "--sync-bn"}),
+       {"tandem: error: --sync-bn: model 'cnn' has no BatchNorm layers", "drop --sync-bn",
+        "cnn-bn, resnet18, resnet34"}},
+      {"ValSplitOnMnistFiles", train_on(kTinyMnist, {"--val-split", "0.1"}),
+       {"--val-split 0.1:", "holds MNIST files", "drop --val-split"}},
+      {"MinCropScaleOnMnistFiles", train_on(kTinyMnist, {"--min-crop-scale", "0.5"}),
+       {"--min-crop-scale 0.5:", "holds MNIST files", "drop --min-crop-scale"}},
+  };
+}
+
+// The folder a stand-in names, written once for the suite.
+std::string made_for(const std::string& stand_in, const std::string& row_name) {
+  static const std::string mnist = testing::write_tiny_mnist("bad_train_flags_mnist", 32, 8);
+  static const std::string image_folder = testing::write_tiny_image_folder("bad_train_flags_images", 4);
+  if (stand_in == kTinyMnist) return mnist;
+  if (stand_in == kTinyImageFolder) return image_folder;
+  if (stand_in == kRunDir) return testing::make_temp_dir("bad_train_flags_" + row_name) + "/run";
+  return stand_in;
+}
+
+class BadTrainFlags : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadTrainFlags, IsRefusedInOneLineBeforeAnyWork) {
+  BadInput input = GetParam();
+  std::string run_dir;
+  for (std::string& arg : input.args) {
+    const bool is_run_dir = arg == kRunDir;
+    arg = made_for(arg, input.name);
+    if (is_run_dir) run_dir = arg;
+  }
+  testing::expect_one_line_refusal(input);
+  if (!run_dir.empty()) {
+    EXPECT_FALSE(std::filesystem::exists(run_dir)) << "the run started: " << run_dir;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadTrainFlags, ::testing::ValuesIn(bad_inputs()),
+                         [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace tandem::app::bad_train_flags
