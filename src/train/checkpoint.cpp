@@ -153,7 +153,7 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   if (saved_kind.empty()) throw_unusable(path + ": checkpoint metadata lacks 'optimizer'", path);
   if (saved_kind != kind) {
     throw InvalidArgument(fmt::format("{} holds the state of a {} optimizer, but this run trains with {}; resume with "
-                                      "the optimizer the run started with, or start a new run in another run dir",
+                                      "the optimizer the run started with, or start a new run in another `run_dir`",
                                       path, saved_kind, kind));
   }
   check_same_libtorch(file, path);
