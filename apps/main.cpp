@@ -38,18 +38,35 @@ CommandRegistration::CommandRegistration(std::string name, std::string descripti
 
 namespace {
 
-// The refusal of a command line whose first word is no command (or that has none), which CLI11 would answer
-// with "A subcommand is required" alone; empty when the first word is a command or a flag for CLI11.
-std::string missing_command_problem(int argc, char** argv) {
-  std::vector<std::string> names;
-  for (const Entry& entry : registry()) names.push_back(entry.name);
-  if (argc < 2) {
+// The refusal of a command line whose command, or a command's own command (`tandem bench allreduce`), is
+// missing or unknown, which CLI11 answers with "A subcommand is required" alone; empty where CLI11 says what is
+// wrong itself. Words are read up to the first flag: tandem's own are only --help and --version, while a
+// command's flags may come before its own command and are left to CLI11.
+std::string command_word_problem(const CLI::App& cli, const std::vector<std::string>& words) {
+  const CLI::App* app = &cli;
+  std::string prefix;  // "bench: " below the top level
+  for (size_t at = 0;; ++at) {
+    const std::vector<const CLI::App*> commands = app->get_subcommands([](const CLI::App*) { return true; });
+    if (commands.empty()) return {};
+    std::vector<std::string> names;
+    for (const CLI::App* command : commands) names.push_back(command->get_name());
     std::sort(names.begin(), names.end());
-    return fmt::format("a command is required; the commands are {}", fmt::join(names, ", "));
+    if (at == words.size()) {
+      return fmt::format("{}a command is required; the commands are {}", prefix, fmt::join(names, ", "));
+    }
+    const std::string& word = words[at];
+    if (!word.empty() && word.front() == '-') {
+      if (app != &cli || word == "--help" || word == "-h" || word == "--version") return {};
+      return fmt::format("unknown flag '{}': tandem's own flags are --help and --version, the others follow a "
+                         "command; the commands are {}",
+                         word, fmt::join(names, ", "));
+    }
+    const auto named = std::find_if(commands.begin(), commands.end(),
+                                    [&](const CLI::App* command) { return command->get_name() == word; });
+    if (named == commands.end()) return prefix + unknown_command_line(word, names);
+    app = *named;
+    prefix += word + ": ";
   }
-  const std::string word = argv[1];
-  if (word.empty() || word.front() == '-' || std::find(names.begin(), names.end(), word) != names.end()) return {};
-  return unknown_command_line(word, names);
 }
 
 }  // namespace
@@ -64,15 +81,16 @@ int main(int argc, char** argv) {
   cli.failure_message([](const CLI::App*, const CLI::Error& error) {
     return fmt::format("tandem: error: {} (see --help)\n", error.what());
   });
-  if (const std::string problem = app::missing_command_problem(argc, argv); !problem.empty()) {
-    std::fprintf(stderr, "tandem: error: %s (see --help)\n", problem.c_str());
-    return 2;
-  }
   std::map<CLI::App*, std::function<int()>> runners;
   try {
     for (auto& entry : app::registry()) {
       CLI::App* command = cli.add_subcommand(entry.name, entry.description);
       runners[command] = entry.define(*command);
+    }
+    const std::string problem = app::command_word_problem(cli, std::vector<std::string>(argv + 1, argv + argc));
+    if (!problem.empty()) {
+      std::fprintf(stderr, "tandem: error: %s (see --help)\n", problem.c_str());
+      return 2;
     }
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

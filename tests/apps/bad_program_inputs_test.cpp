@@ -39,6 +39,11 @@ std::vector<BadInput> bad_inputs() {
        {"tandem: error: unknown command 'trian'", "did you mean 'train'?", "bench, export-images, report, run, train"}},
       {"UnknownCommandListsTheCommands", {"xyzzy"}, {"unknown command 'xyzzy'", "the commands are bench"}},
       {"NoCommand", {}, {"tandem: error: a command is required", "train"}},
+      {"UnknownFlagBeforeTheCommand", {"--bogus"},
+       {"tandem: error: unknown flag '--bogus'", "the commands are bench, export-images, report, run, train"}},
+      {"UnknownCommandOfACommand", {"bench", "allreduse"},
+       {"bench: unknown command 'allreduse': did you mean 'allreduce'? The commands are allreduce, train"}},
+      {"NoCommandOfACommand", {"bench"}, {"bench: a command is required; the commands are allreduce, train"}},
       // tandem report
       {"ReportOnAFile", {"report", a_file}, {"tandem: error: ", a_file, "is a file, not a run directory", "--run-dir"}},
       {"ReportOnAFolderWithoutMetrics", {"report", fixture("empty_folder")},
