@@ -78,7 +78,7 @@ std::vector<EpochRecord> read_epoch_records(const std::string& path, std::vector
     EpochRecord record;
     record.epoch = static_cast<int>(whole_number(line, "epoch"));
     record.loss = number(line, "loss");
-    // A run without a test set writes accuracy 0 of total 0.
+    // A run without a test set writes no accuracy; older tandems wrote accuracy 0 of total 0.
     if (line.contains("accuracy") && number(line, "total") != 0) record.accuracy = number(line, "accuracy");
     record.lr = number(line, "lr");
     record.samples_per_second = number(line, "samples_per_second");

@@ -67,6 +67,12 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
       autocast_dtype_(amp::autocast_dtype(options.precision)),
       scaler_(scaler_options(options), communicator_ptr_) {
   if (!train_set_) throw InvalidArgument("Loop::fit needs a training set");
+  // An evaluation set of no samples (an image folder split with a val_split of 0) has no accuracy to give: the
+  // run trains as one without an evaluation set, and says so once, rather than report 0 correct of 0 each epoch.
+  if (eval_set_ && eval_set_->size() == 0) {
+    log::main_info("the evaluation set holds no samples: the epochs report their training loss only");
+    eval_set_.reset();
+  }
   const double scale = options_.scale_lr_by_world_size ? world_ : 1;
   for (auto& group : optimizer_.param_groups()) {
     user_lrs_.push_back(group.options().get_lr());

@@ -13,17 +13,17 @@
 namespace tandem::train {
 
 std::string to_json_line(const EpochMetrics& m) {
-  nlohmann::ordered_json line = {
-      {"epoch", m.epoch},
-      {"loss", m.loss},
-      {"accuracy", m.accuracy},
-      {"correct", m.correct},
-      {"total", m.total},
-      {"lr", m.lr},
-      {"samples_per_second", m.samples_per_second},
-      {"train_seconds", m.train_seconds},
-      {"step", m.step},
-  };
+  nlohmann::ordered_json line = {{"epoch", m.epoch}, {"loss", m.loss}};
+  // An epoch with nothing evaluated has no accuracy; 0 correct of 0 would read as one.
+  if (m.total > 0) {
+    line["accuracy"] = m.accuracy;
+    line["correct"] = m.correct;
+    line["total"] = m.total;
+  }
+  line["lr"] = m.lr;
+  line["samples_per_second"] = m.samples_per_second;
+  line["train_seconds"] = m.train_seconds;
+  line["step"] = m.step;
   return line.dump();
 }
 

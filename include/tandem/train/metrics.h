@@ -1,6 +1,7 @@
 #pragma once
 // The results of a run, as rank 0 appends them to RUN_DIR: one JSON object per line, per epoch in metrics.jsonl
 //   {"epoch":0,"loss":0.61,"accuracy":0.853,"correct":8530,"total":10000,"lr":0.02,"samples_per_second":9100,...}
+// (accuracy, correct and total only where the epoch was evaluated: a run without an evaluation set has none)
 // and per optimizer step in steps.jsonl
 //   {"step":12,"epoch":0,"batch":11,"loss":0.73,"lr":0.02,"loss_scale":1,"optimizer_stepped":true,...}
 // Lines are flushed as they are written, so a crashed run keeps every finished epoch and step; a resumed run
