@@ -16,6 +16,7 @@
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/monitor/timeline.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/util/error.h"
 #include "apps/program/training_program.h"
 
 namespace tandem::app {
@@ -52,12 +53,22 @@ struct TrainFlags {
   bool no_report = false;
 };
 
-// OMP_NUM_THREADS if set (as torchrun sets it), else the cores shared evenly among this node's ranks.
-int default_threads(int local_world_size) {
-  if (const char* value = std::getenv("OMP_NUM_THREADS")) {
-    const int threads = std::atoi(value);
-    if (threads > 0) return threads;
+// OMP_NUM_THREADS where it is set to a number (as torchrun sets it), else 0. Held to --threads' range: a pool of
+// 100000 threads never finished starting.
+int threads_from_environment() {
+  const char* value = std::getenv("OMP_NUM_THREADS");
+  const long long threads = value ? std::strtoll(value, nullptr, 10) : 0;
+  if (threads > kMostThreads) {
+    throw InvalidArgument(fmt::format("OMP_NUM_THREADS={} asks for more intra-op threads than the {} a process may "
+                                      "have; set it lower, or pass --threads",
+                                      value, kMostThreads));
   }
+  return static_cast<int>(std::max(threads, 0LL));
+}
+
+// The environment's count, else the cores shared evenly among this node's ranks.
+int default_threads(int environment_threads, int local_world_size) {
+  if (environment_threads > 0) return environment_threads;
   return std::max(1, torch::get_num_threads() / std::max(1, local_world_size));
 }
 
@@ -72,13 +83,15 @@ int run_train(TrainFlags& flags) {
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
   // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.
   validate(flags.options);
+  const int environment_threads = flags.threads > 0 ? 0 : threads_from_environment();
 
   InitOptions init;
   init.device = flags.device;
   init.backend = flags.backend;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
   ProcessGroup& group = init_process_group(init);
-  torch::set_num_threads(flags.threads > 0 ? flags.threads : default_threads(group.layout().local_world_size));
+  torch::set_num_threads(flags.threads > 0 ? flags.threads
+                                            : default_threads(environment_threads, group.layout().local_world_size));
   loop.device = group.device();
   try {
     run_training(flags.options, group.communicator_ptr());

@@ -3,7 +3,8 @@
 // decay reached LibTorch's SGD and came back as its backtrace, --image-size 20000 as a failed allocation of
 // gigabytes, --epochs 99999999999 as CLI11's "Could not convert" with no range, --lr 1e300 as "cannot be
 // converted to type float without overflow" naming no flag, --seed -1 as the seed 18446744073709551615, and
-// --sync-bn on the CNN, --val-split and --min-crop-scale on MNIST files trained on as if they were not given.
+// --sync-bn on the CNN, --val-split and --min-crop-scale on MNIST files trained on as if they were not given, and
+// OMP_NUM_THREADS=100000 never got past starting its threads.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -102,6 +103,13 @@ std::vector<BadInput> bad_inputs() {
        {"--val-split 0.1:", "holds MNIST files", "drop --val-split"}},
       {"MinCropScaleOnMnistFiles", train_on(kTinyMnist, {"--min-crop-scale", "0.5"}),
        {"--min-crop-scale 0.5:", "holds MNIST files", "drop --min-crop-scale"}},
+      // --threads' range holds for the count it defaults to: a pool of 100000 threads never finished starting.
+      {"OmpNumThreadsBeyondAnyMachine",
+       {"train", "--data", kTinyMnist, "--epochs", "1", "--batch-size", "8", "--run-dir", kRunDir},
+       {"tandem: error: OMP_NUM_THREADS=100000", "than the 1024", "pass --threads"},
+       2,
+       /*only_line=*/true,
+       {{"OMP_NUM_THREADS", "100000"}}},
   };
 }
 
