@@ -106,12 +106,12 @@ CLI::Validator bench_registered_model() {
       "");
 }
 
-// The help of both benchmarks' --backend: the backends of this build, and the one used without the flag
-// (comm::default_backend()).
+// The help of both benchmarks' --backend: which backend runs without the flag (comm::default_backend()) in this
+// build. `gpu_word` says what must be on a GPU for nccl.
 std::string bench_backend_help(const char* gpu_word) {
   const auto backends = comm::available_backends();
   const bool has_nccl = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
-  return fmt::format("Communication backend, one of this build's: {} (default: {})", fmt::join(backends, ", "),
+  return fmt::format("Communication backend, of those this build has (default: {})",
                      has_nccl ? fmt::format("nccl where {} on a GPU, else gloo", gpu_word)
                               : std::string("gloo; nccl needs a build against a LibTorch with CUDA"));
 }
@@ -221,8 +221,7 @@ const CommandRegistration kBench{
       train->add_option("--model", bench_options.model, "Model to train: " + bench_model_names())
           ->capture_default_str()
           ->check(bench_registered_model());
-      train->add_option("--image-size", bench_options.image_size,
-                        fmt::format("Square input size in pixels, up to {} (the CNN takes 28)", kBenchLargestImageSize))
+      train->add_option("--image-size", bench_options.image_size, "Square input size in pixels (the CNN takes 28)")
           ->capture_default_str()
           ->check(between<int64_t>(1, kBenchLargestImageSize));
       train->add_option("--batch-size", bench_options.batch_size, "Samples per process per step")

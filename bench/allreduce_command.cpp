@@ -45,10 +45,12 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
   barrier();
 
   if (main) {
-    fmt::print("# tandem bench allreduce: backend {}, {} ranks, float32 sum in place on {}, host {} ({} cores, {})\n",
-               comm.backend_name(), comm.world_size(), options.device.str(), host_name(), cores, cpu_model());
-    fmt::print("# sizes {}, iters {}, warmup {}; busbw = algbw * 2(n-1)/n (nccl-tests)\n", flags.sizes,
-               flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup);
+    fmt::print("# tandem bench allreduce: backend {}, {} rank{}, float32 sum in place on {}, host {} ({} cores, {})\n",
+               comm.backend_name(), comm.world_size(), one_rank ? "" : "s", options.device.str(), host_name(), cores,
+               cpu_model());
+    fmt::print("# sizes {}, iters {}, warmup {}{}\n", flags.sizes,
+               flags.iters > 0 ? std::to_string(flags.iters) : "auto", flags.warmup,
+               one_rank ? "" : "; busbw = algbw * 2(n-1)/n (nccl-tests)");
     fmt::print("# {} bandwidth ({}{}): {:.2f} GB/s\n", options.device.is_cuda() ? "device-to-device copy" : "memcpy",
                options.device.is_cuda() ? "" : "1 thread, ", format_size(copy.bytes), copy.gbps);
     if (one_rank) {

@@ -20,6 +20,7 @@ environment that `scripts/build --libtorch pypi` makes (.venv/bin/python); insta
 import argparse
 import gzip
 import json
+import math
 import os
 import socket
 import statistics
@@ -205,29 +206,53 @@ def worker(rank, args, port, results):
         dist.destroy_process_group()
 
 
+def whole_number_from(minimum):
+    """An argparse type: a whole number of at least `minimum`, refused with one line that says so."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text}")
+        return value
+    return parse
+
+
+def positive_real(text):
+    """An argparse type: a finite real above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number greater than 0, not {text}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=2, help="processes (world size)")
+    parser.add_argument("--nproc", type=whole_number_from(1), default=2, help="processes (world size)")
     parser.add_argument("--mode", choices=["ddp", "independent"], default="ddp",
                         help="ddp: PyTorch DDP over Gloo; independent: the same steps with no communication")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn", help="the seeds' CNN or ResNet-18")
-    parser.add_argument("--image-size", type=int, default=28, help="square input size (the CNN takes 28)")
+    parser.add_argument("--image-size", type=whole_number_from(1), default=28, help="square input size (the CNN takes 28)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r on GPU r (modulo the GPUs)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="DDP's process group backend")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per process per step")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median and spread over them)")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP bucket size in MiB")
+    parser.add_argument("--batch-size", type=whole_number_from(1), default=64, help="samples per process per step")
+    parser.add_argument("--threads", type=whole_number_from(1), default=1, help="intra-op threads per process")
+    parser.add_argument("--steps", type=whole_number_from(1), default=20, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=whole_number_from(1), default=5, help="timed repeats (median and spread over them)")
+    parser.add_argument("--warmup", type=whole_number_from(0), default=10, help="untimed steps first")
+    parser.add_argument("--bucket-cap-mb", type=positive_real, default=25, help="DDP bucket size in MiB")
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     parser.add_argument("--comm-hook", choices=["average", "fp16", "bf16", "powersgd"], default="average",
                         help="how DDP reduces each bucket (average: no hook)")
-    parser.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's matrix_approximation_rank")
-    parser.add_argument("--powersgd-start", type=int, default=2, help="PowerSGD's start_powerSGD_iter")
-    parser.add_argument("--lr", type=float, default=0.01, help="base learning rate (times the world size)")
+    parser.add_argument("--powersgd-rank", type=whole_number_from(1), default=1, help="PowerSGD's matrix_approximation_rank")
+    parser.add_argument("--powersgd-start", type=whole_number_from(2), default=2, help="PowerSGD's start_powerSGD_iter")
+    parser.add_argument("--lr", type=positive_real, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deadline", type=float, default=300,
+    parser.add_argument("--deadline", type=positive_real, default=300,
                         help="seconds before a run that has not finished is stopped and reported as hung")
     parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
     args = parser.parse_args()

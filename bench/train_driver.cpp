@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -263,10 +264,12 @@ void run_train_driver(TrainDriverOptions options) {
     // N processes with no communication, started together so they share the cores as the job does.
     std::string together;
     for (int i = 0; i < n; ++i) {
-      together += fmt::format("LOCAL_RANK={} {}{} & ", i, env,
+      together += fmt::format("LOCAL_RANK={} {}{} & pids=\"$pids $!\"; ", i, env,
                               worker("independent", 1, dir / fmt::format("ind_{}_{}.json", n, i)));
     }
-    run_or_throw("sh -c " + shell_quoted(together + "wait"), fmt::format("{} independent processes", n));
+    // Each one waited for by its pid, so that one that fails (or a Ctrl-C) fails the shell too.
+    together += "status=0; for pid in $pids; do wait $pid || status=$?; done; exit $status";
+    run_or_throw("sh -c " + shell_quoted(together), n == 1 ? std::string("the independent process") : fmt::format("the {} independent processes", n));
     nlohmann::json slowest;
     for (int i = 0; i < n; ++i) {
       nlohmann::json one = read_result((dir / fmt::format("ind_{}_{}.json", n, i)).string(),
@@ -389,6 +392,9 @@ void run_train_driver(TrainDriverOptions options) {
 }
 
 void run_train_worker(TrainWorkerOptions options) {
+  // The independent workers are started in the background of `sh -c`, which starts them with SIGINT ignored:
+  // Ctrl-C must stop them as it stops the other workers, so that the driver sees them fail and ends.
+  std::signal(SIGINT, SIG_DFL);
   int threads = options.threads;
   TrainBenchOptions& bench = options.bench;
   comm::CommunicatorPtr communicator;
