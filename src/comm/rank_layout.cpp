@@ -65,6 +65,10 @@ void read_slurm(RankLayout& layout, const EnvLookup& env) {
     std::vector<std::string> hosts = expand_slurm_nodelist(*nodelist);
     if (!hosts.empty()) layout.master_addr = hosts.front();
   }
+  // SLURM names no port. One fixed default would let two jobs on a node reach each other's rendezvous store
+  // (rank 1 of the second job claimed in the first's), so each job takes a port from its id, in 20000-29999:
+  // below Linux's ephemeral ports (32768 and up), where no outgoing connection will be holding it.
+  if (auto job = env_int(env, "SLURM_JOB_ID")) layout.master_port = 20000 + *job % 10000;
   // MASTER_ADDR/MASTER_PORT still win when the batch script exports them.
   layout.master_addr = env("MASTER_ADDR").value_or(layout.master_addr);
   layout.master_port = env_int(env, "MASTER_PORT").value_or(layout.master_port);

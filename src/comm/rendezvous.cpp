@@ -39,10 +39,12 @@ StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves,
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& error) {
     if (serve) {
-      throw CommError(fmt::format(
-          "rank 0 could not open the rendezvous port {}:{} ({}); is another job using it? pick a free "
-          "`master_port` or pass 0 to `tandem run` to choose one",
-          host, port, error.what()));
+      // Ranks that srun started have no launcher to pass a port to; their port comes from the environment.
+      const std::string remedy = layout.source == "slurm"
+                                     ? "export another MASTER_PORT in the batch script"
+                                     : "pick a free `master_port` or pass 0 to `tandem run` to choose one";
+      throw CommError(fmt::format("rank 0 could not open the rendezvous port {}:{} ({}); is another job using it? {}",
+                                  host, port, error.what(), remedy));
     }
     throw CommError(fmt::format(
         "rank {} could not reach the rendezvous master at {}:{} within {:.0f} s ({}); check that {} is "

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
+#include <string>
 
 #include "tandem/comm/rank_layout.h"
 #include "tandem/comm/slurm_nodelist.h"
@@ -115,6 +117,19 @@ TEST(RankLayout, SlurmLastNodeGetsItsOwnTaskCount) {
                                                        {"SLURM_NODELIST", "a[1-2]-b[1-2]"}}));
   EXPECT_EQ(layout.local_world_size, 1);
   EXPECT_EQ(layout.master_addr, "a1-b1");
+}
+
+TEST(RankLayout, SlurmJobsTakeAPortFromTheirIdUnlessOneIsExported) {
+  // Two jobs on one node must not share the rendezvous port; one fixed default let them reach each other's store.
+  auto job = [](const std::string& id, std::optional<std::string> exported_port) {
+    std::map<std::string, std::string> env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", id}};
+    if (exported_port) env["MASTER_PORT"] = *exported_port;
+    return detect_rank_layout({}, fake_env(env)).master_port;
+  };
+  EXPECT_EQ(job("4321", std::nullopt), 24321);
+  EXPECT_EQ(job("123457", std::nullopt), 23457);
+  EXPECT_NE(job("4321", std::nullopt), job("4322", std::nullopt));
+  EXPECT_EQ(job("4321", "29999"), 29999);
 }
 
 TEST(RankLayout, SlurmNtasksPerNodeAndExportedMasterWin) {
