@@ -100,20 +100,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem: error: %s\n", app::error_line(error).c_str());
     return 2;
   }
+  // The library names the options it refuses (`device`); the user typed flags (--device): error_line maps them.
+  const auto fail = [](const std::exception& error, int exit_code) {
+    log::write("error: ", app::error_line(error));
+    comm::abort_job_after_error(exit_code);
+    return exit_code;
+  };
   try {
     for (auto& [command, run] : runners) {
       if (command->parsed()) return run();
     }
     return 2;
   } catch (const InvalidArgument& error) {
-    // The library names the options it refuses (`device`); the user typed flags (--device).
-    log::write("error: ", app::error_line(error));
-    comm::abort_job_after_error(2);
-    return 2;
+    return fail(error, 2);
+  } catch (const UnsupportedError& error) {
+    // A choice this build, device or backend cannot honour (`precision` 16-mixed on 1.13's CPU, a backend not
+    // built in) is as wrong an option as a refused one: the same exit code, so scripts tell both from a failure.
+    return fail(error, 2);
   } catch (const std::exception& error) {
     // LibTorch's own errors (c10::Error) come here too, without their backtrace (error_line.h).
-    log::write("error: ", app::error_line(error));
-    comm::abort_job_after_error(1);
-    return 1;
+    return fail(error, 1);
   }
 }

@@ -140,7 +140,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least<int64_t>(1));
   command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least<int64_t>(2));
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
-  command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD with STD above 0 (e.g. 0.2860,0.3530)"));
+  command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD of finite numbers with STD above 0 (e.g. 0.2860,0.3530)"));
   command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
   command.add_option("--init,--weights", p.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
   command.add_flag("--strict", p.strict, "--init must match the model exactly");

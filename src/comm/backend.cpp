@@ -68,7 +68,7 @@ CommunicatorPtr make_communicator(const std::string& backend, const StorePtr& st
 #if TANDEM_HAVE_NCCL
   if (backend == "nccl") return std::make_shared<NcclCommunicator>(store, layout, timeout, device);
 #endif
-  throw UnsupportedError(fmt::format("backend '{}' is not available in this build of tandem (available: {}){}",
+  throw UnsupportedError(fmt::format("`backend` '{}' is not available in this build of tandem (available: {}){}",
                                      backend, fmt::join(available_backends(), ", "),
                                      backend == "mpi"    ? "; install libopenmpi-dev and rebuild"
                                      : backend == "nccl" ? "; build against a LibTorch with CUDA (scripts/build --libtorch pypi)"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -74,7 +75,10 @@ Normalization parse_normalization(const std::string& text) {
     ok = ok && !std_text.empty() && *end == '\0';
   }
   if (!ok) throw InvalidArgument("`normalization` expects MEAN,STD (e.g. 0.2860,0.3530), got '" + text + "'");
-  if (!(result.std > 0)) throw InvalidArgument("`normalization`: std must be > 0, got '" + text + "'");
+  // A NaN mean trains on NaN pixels, and an infinite std on all-zero ones: both end in a loss with no remedy.
+  if (!std::isfinite(result.mean) || !std::isfinite(result.std) || !(result.std > 0)) {
+    throw InvalidArgument("`normalization`: MEAN must be finite and STD finite and > 0, got '" + text + "'");
+  }
   return result;
 }
 

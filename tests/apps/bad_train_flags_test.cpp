@@ -91,8 +91,10 @@ std::vector<BadInput> bad_inputs() {
        {"--timeline-steps: must be FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25), not 9-3"}},
       {"TimelineStepsNotAWindow", train({"--timeline-steps", "six"}), {"--timeline-steps:", "not six"}},
       {"NormalizeWithoutStd", train({"--normalize", "0.5"}),
-       {"--normalize: must be MEAN,STD with STD above 0 (e.g. 0.2860,0.3530), not 0.5"}},
+       {"--normalize: must be MEAN,STD of finite numbers with STD above 0 (e.g. 0.2860,0.3530), not 0.5"}},
       {"NormalizeZeroStd", train({"--normalize", "0.5,0"}), {"--normalize: must be MEAN,STD", "not 0.5,0"}},
+      {"NormalizeNanMean", train({"--normalize", "nan,1"}), {"--normalize: must be MEAN,STD", "not nan,1"}},
+      {"NormalizeInfiniteStd", train({"--normalize", "0.5,inf"}), {"--normalize: must be MEAN,STD", "not 0.5,inf"}},
       {"ModelUnknown", train({"--model", "resnet99"}), {"--model:", "resnet99", "cnn-bn"}},
       // Settings that the data or the model leave nothing to do for: refused rather than ignored.
       {"SyncBnOnAModelWithoutBatchNorm", train_on(kTinyMnist, {"--model", "cnn", "--sync-bn"}),

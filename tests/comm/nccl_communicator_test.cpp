@@ -64,7 +64,7 @@ TEST(NcclBackend, AbsentFromABuildWithoutCudaSaysHowToGetIt) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::string message =
       error_of([&] { comm::make_communicator("nccl", store, comm::RankLayout{}, std::chrono::seconds(5)); });
-  EXPECT_NE(message.find("backend 'nccl' is not available in this build of tandem"), std::string::npos) << message;
+  EXPECT_NE(message.find("`backend` 'nccl' is not available in this build of tandem"), std::string::npos) << message;
   EXPECT_NE(message.find("LibTorch with CUDA"), std::string::npos) << message;
 }
 
