@@ -5,8 +5,8 @@
 // Otherwise (a log file, CI): a plain line about every tenth of an epoch, with no '\r' or escape codes, so logs
 // stay short and readable:
 //   [epoch 2] batch 412/937 loss 0.4123 9123 samples/s ETA 00:05
-// Epochs are numbered from 0, as in the "[epoch 2] loss ... accuracy ..." line that ends each epoch, in
-// metrics.jsonl and in checkpoint names. An epoch that the run will stop inside (max_steps) counts to where it
+// Epochs are numbered from 0, as in the "[epoch 2] loss ... accuracy ..." line that ends each epoch and in
+// metrics.jsonl; a checkpoint's name holds the epoch it continues (checkpoint-0001-00000000 after epoch 0). An epoch that the run will stop inside (max_steps) counts to where it
 // stops, "250/250", so that its ETA is the time to that stop. Other ranks construct it disabled and it prints
 // nothing.
 #include <chrono>

@@ -1,7 +1,7 @@
 #pragma once
 // Which device a rank computes on. InitOptions::device takes "cpu", "cuda" or "auto"; a CUDA rank uses GPU
 // LOCAL_RANK (modulo the visible GPUs, so that ranks may share one GPU over gloo; nccl refuses that, see
-// comm/nccl/nccl_communicator.h). Everything that depends on whether this build has CUDA sits behind
+// comm/nccl/nccl_device.h). Everything that depends on whether this build has CUDA sits behind
 // TANDEM_HAVE_CUDA in device.cpp, so callers never test the build themselves.
 #include <torch/types.h>
 
