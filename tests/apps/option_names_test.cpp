@@ -187,8 +187,6 @@ const std::set<std::pair<std::string, std::string>> kFlagsAllowed = {
     // scripts/build's flag: how to get a LibTorch with CUDA.
     {"src/util/device.cpp", "--libtorch"},
     {"src/comm/backend.cpp", "--libtorch"},
-    // A whole `tandem run` command line, showing where the command goes: plan_launch() has none.
-    {"src/launch/launch_options.cpp", "--nproc-per-node"},
 };
 
 TEST(LibraryMessages, NameNoFlagOfTheProgram) {
