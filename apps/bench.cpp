@@ -200,7 +200,8 @@ const CommandRegistration kBench{
           ->capture_default_str()
           ->check(bench_memcpy_size());
       allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
-      allreduce->add_option("--timeout", flags->timeout_s, "Seconds before a collective counts as hung (at most a year)")
+      allreduce->add_option("--timeout", flags->timeout_s,
+                            "Seconds before a collective counts as hung (at most a year)")
           ->capture_default_str()
           ->check(between<int>(1, kBenchLongestTimeoutSeconds));
 
@@ -284,7 +285,8 @@ const CommandRegistration kBench{
       train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: pytorch")
           ->check(CLI::IsMember({"pytorch"}));
       train_flags->pytorch_script =
-          train->add_option("--pytorch-script", train_flags->driver.pytorch_script, "--compare pytorch: the PyTorch side script")
+          train->add_option("--pytorch-script", train_flags->driver.pytorch_script,
+                            "--compare pytorch: the PyTorch side script")
               ->capture_default_str();
       train->add_option("--json", train_flags->driver.json_path, "Also write the results as JSON to this file");
       train->add_option("--worker", train_flags->worker_mode,

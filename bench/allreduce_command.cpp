@@ -54,8 +54,9 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
     fmt::print("# {} bandwidth ({}{}): {:.2f} GB/s\n", options.device.is_cuda() ? "device-to-device copy" : "memcpy",
                options.device.is_cuda() ? "" : "1 thread, ", format_size(copy.bytes), copy.gbps);
     if (one_rank) {
-      fmt::print("# world size 1: an all-reduce over one rank moves no data, so there is no bandwidth to report, only "
-                 "the time of a call; start 2 or more ranks (tandem run --nproc-per-node 2 -- tandem bench allreduce)\n");
+      fmt::print("# world size 1: an all-reduce over one rank moves no data, so there is no bandwidth to report, "
+                 "only the time of a call; start 2 or more ranks (tandem run --nproc-per-node 2 -- tandem bench "
+                 "allreduce)\n");
       fmt::print("{:>8} {:>6} {:>13} {:>6}\n", "size", "iters", "time/op(us)", "check");
     } else {
       fmt::print("{:>8} {:>6} {:>13} {:>12} {:>12} {:>14} {:>6}\n", "size", "iters", "time/op(us)", "algbw(GB/s)",

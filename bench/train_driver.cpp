@@ -269,7 +269,8 @@ void run_train_driver(TrainDriverOptions options) {
     }
     // Each one waited for by its pid, so that one that fails (or a Ctrl-C) fails the shell too.
     together += "status=0; for pid in $pids; do wait $pid || status=$?; done; exit $status";
-    run_or_throw("sh -c " + shell_quoted(together), n == 1 ? std::string("the independent process") : fmt::format("the {} independent processes", n));
+    run_or_throw("sh -c " + shell_quoted(together),
+                 n == 1 ? std::string("the independent process") : fmt::format("the {} independent processes", n));
     nlohmann::json slowest;
     for (int i = 0; i < n; ++i) {
       nlohmann::json one = read_result((dir / fmt::format("ind_{}_{}.json", n, i)).string(),
