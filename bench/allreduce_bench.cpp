@@ -79,7 +79,7 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   if (size_t dots = text.find(".."); dots != std::string::npos) {
     int64_t first = parse_size(text.substr(0, dots));
     int64_t last = parse_size(text.substr(dots + 2));
-    if (last < first) throw InvalidArgument(fmt::format("size range '{}' runs backwards", text));
+    if (last < first) throw InvalidArgument(fmt::format("size range '{}' runs backwards; put the smaller size first", text));
     // Both ends are at most kLargestSize, so doubling never overflows.
     for (int64_t size = first; size <= last; size *= 2) sizes.push_back(size);
     return sizes;
