@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/backend_flag.h"
 #include "apps/command.h"
 #include "apps/flag_checks.h"
 #include "bench/allreduce_bench.h"
@@ -27,11 +28,6 @@ namespace tandem::app {
 namespace {
 
 // Bounds of the flags whose type allows far more than a benchmark can use.
-// A deadline past a year is none.
-constexpr int kBenchLongestTimeoutSeconds = 365 * 24 * 3600;
-// As tandem train's: models are trained at 224 to 600 pixels, and the CNN's first dense layer grows with the
-// image's area.
-constexpr int64_t kBenchLargestImageSize = 1024;
 // DDP bucket caps in MiB: about 1 KB already puts every tensor but the smallest (biases) in a bucket of its own,
 // and 1 TiB, the library's cap for one bucket, holds any model.
 constexpr double kBenchSmallestBucketMb = 0.001;
@@ -106,16 +102,6 @@ CLI::Validator bench_registered_model() {
       "");
 }
 
-// The help of both benchmarks' --backend: which backend runs without the flag (comm::default_backend()) in this
-// build. `gpu_word` says what must be on a GPU for nccl.
-std::string bench_backend_help(const char* gpu_word) {
-  const auto backends = comm::available_backends();
-  const bool has_nccl = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
-  return fmt::format("Communication backend, of those this build has (default: {})",
-                     has_nccl ? fmt::format("nccl where {} on a GPU, else gloo", gpu_word)
-                              : std::string("gloo; nccl needs a build against a LibTorch with CUDA"));
-}
-
 struct BenchTrainFlags {
   bench::TrainDriverOptions driver;
   std::string world_sizes = "1,2";
@@ -184,7 +170,7 @@ const CommandRegistration kBench{
       allreduce->add_option("--device", flags->device, "Where the buffer lives: cpu, cuda (GPU LOCAL_RANK) or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      allreduce->add_option("--backend", flags->backend, bench_backend_help("the buffer lives"))
+      allreduce->add_option("--backend", flags->backend, backend_flag_help("the buffer lives"))
           ->check(CLI::IsMember(comm::available_backends()));
       allreduce->add_option("--sizes", flags->sizes,
                             "Sizes in bytes (4096, 4K, 64M, 1G): FIRST..LAST (doubling) or a list A,B,C")
@@ -203,7 +189,7 @@ const CommandRegistration kBench{
       allreduce->add_option("--timeout", flags->timeout_s,
                             "Seconds before a collective counts as hung (at most a year)")
           ->capture_default_str()
-          ->check(between<int>(1, kBenchLongestTimeoutSeconds));
+          ->check(between<int>(1, kLongestTimeoutSeconds));
 
       auto train_flags = std::make_shared<BenchTrainFlags>();
       bench::TrainBenchOptions& bench_options = train_flags->driver.bench;
@@ -214,7 +200,7 @@ const CommandRegistration kBench{
       train->add_option("--device", train_flags->driver.device, "cpu, cuda or auto (cuda where a GPU is visible)")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      train->add_option("--backend", train_flags->driver.backend, bench_backend_help("--device resolves"))
+      train->add_option("--backend", train_flags->driver.backend, backend_flag_help("--device resolves"))
           ->check(CLI::IsMember(comm::available_backends()));
       train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, processes each: e.g. 1,2")
           ->capture_default_str()
@@ -224,7 +210,7 @@ const CommandRegistration kBench{
           ->check(bench_registered_model());
       train->add_option("--image-size", bench_options.image_size, "Square input size in pixels (the CNN takes 28)")
           ->capture_default_str()
-          ->check(between<int64_t>(1, kBenchLargestImageSize));
+          ->check(between<int64_t>(1, kLargestImageSize));
       train->add_option("--batch-size", bench_options.batch_size, "Samples per process per step")
           ->capture_default_str()
           ->check(at_least<int>(1));

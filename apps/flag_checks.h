@@ -136,4 +136,11 @@ CLI::Validator parsed_by(Parse parse, const std::string& form) {
       "");
 }
 
+// Bounds that more than one command's flags share, where the flag's type allows far more than a run can use.
+// One 1024 x 1024 RGB image is 12 MiB as float32, and a ResNet's first activations 21 times that; models are
+// trained at 224 to 600. --image-size 20000 failed as an allocation of several GB per image.
+constexpr int64_t kLargestImageSize = 1024;
+// A deadline past a year is none.
+constexpr int kLongestTimeoutSeconds = 365 * 24 * 3600;
+
 }  // namespace tandem::app

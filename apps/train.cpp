@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/backend_flag.h"
 #include "apps/command.h"
 #include "apps/flag_checks.h"
 #include "tandem/comm/process_group.h"
@@ -28,15 +29,11 @@ namespace {
 // A classifier head holds features x classes weights (512 x 100000 for a ResNet: 200 MB, times three with its
 // gradient and momentum); the largest common classification sets have about 22000 classes (ImageNet-21k).
 constexpr int64_t kMostClasses = 100000;
-// One 1024 x 1024 RGB image is 12 MiB as float32, and a ResNet's first activations 21 times that; models are
-// trained at 224 to 600. --image-size 20000 failed as an allocation of several GB per image.
-constexpr int64_t kLargestImageSize = 1024;
 // Each intra-op thread and each DataParallel CPU replica is an OS thread (a replica also a copy of the model):
 // more than the cores of any one machine.
 constexpr int kMostThreads = 1024;
 // Below a second the ranks cannot count on connecting: gloo's rendezvous gave up "after 0 s" at 0.001.
 constexpr double kShortestTimeoutSeconds = 1;
-constexpr double kLongestTimeoutSeconds = 365 * 24 * 3600;
 
 struct TrainFlags {
   TrainingProgramOptions options;
@@ -159,8 +156,8 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
   command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");
   command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str()->check(parsed_by(monitor::parse_step_window, "FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25)"));
-  command.add_option("--backend", flags->backend, "communication backend (default: nccl on a GPU, gloo on the CPU)");
-  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->capture_default_str()->check(between(kShortestTimeoutSeconds, kLongestTimeoutSeconds));
+  command.add_option("--backend", flags->backend, backend_flag_help("--device resolves"));
+  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->capture_default_str()->check(between(kShortestTimeoutSeconds, double{kLongestTimeoutSeconds}));
   return [flags] { return run_train(*flags); };
 });
 
