@@ -161,6 +161,7 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
   }
   TrainingProgramOptions options = given;
   options.data.seed = options.loop.seed;
+  options.loop.model_name = options.model;
   if (options.loop.strategy == Strategy::kDataParallel) {
     options.loop.dp_devices = dp::replica_devices(options.loop.device, options.dp_replicas);
   }

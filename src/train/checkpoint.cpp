@@ -265,9 +265,11 @@ std::string first_model_difference(const TensorFile& saved, const torch::nn::Mod
 // Compared before anything is copied: a run dir continued with another model (or another number of classes)
 // is one line naming both models and the first tensor that differs, where load_weights would list every one.
 void require_same_model(const TensorFile& file, const TensorFile& saved, const torch::nn::Module& module,
-                        const std::string& path) {
+                        const std::string& path, const std::string& saved_model_name) {
   const std::string difference = first_model_difference(saved, module);
   if (difference.empty()) return;
+  const std::string trained_as =
+      saved_model_name.empty() ? "" : fmt::format(" (the run was trained with `model` {})", saved_model_name);
   const std::string saved_class = optional_meta(file, kModelClass, "model");
   const size_t module_tensors = named_state(module).size();
   const std::string models =
@@ -275,9 +277,9 @@ void require_same_model(const TensorFile& file, const TensorFile& saved, const t
           ? ""
           : fmt::format("the checkpoint holds a {} of {} tensors, this run's model is a {} of {}, and ", saved_class,
                         saved.tensors.size(), module.name(), module_tensors);
-  throw InvalidArgument(fmt::format("{} was written for another model: {}{}; resume with the `model` and "
+  throw InvalidArgument(fmt::format("{} was written for another model{}: {}{}; resume with the `model` and "
                                     "`num_classes` the run was trained with, or start a new run in another `run_dir`",
-                                    path, models, difference));
+                                    path, trained_as, models, difference));
 }
 
 // The file at `path`, read whole and checked to be an intact tandem checkpoint.
@@ -309,7 +311,7 @@ CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Modu
   for (const auto& [name, tensor] : file.tensors) {
     if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
   }
-  require_same_model(file, model_part, module, path);
+  require_same_model(file, model_part, module, path, state.model_name);
   load_weights(module, model_part, path, /*strict=*/true);
   if (format == kFirstFormat) {
     restore_first_format_momentum(file, path, module, optimizer, kind);

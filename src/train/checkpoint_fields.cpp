@@ -41,6 +41,7 @@ const Field<CheckpointState> kStateFields[] = {
     {"train_samples", &CheckpointState::train_samples, "0"},
     {"train_fingerprint", &CheckpointState::train_fingerprint, "0"},
     {"precision", &CheckpointState::precision, "32"},
+    {"model_name", &CheckpointState::model_name, ""},
 };
 
 // The unfinished epoch's training so far: written inside an epoch only (batches_done > 0), read where

@@ -88,6 +88,7 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
   state.train_samples = train_set_->size();
   state.train_fingerprint = train_set_->fingerprint();
   state.precision = amp::to_string(options_.precision);
+  state.model_name = options_.model_name;
   if (scaler_.is_enabled()) state.grad_scaler = scaler_.state_dict();
   state.epoch_loss_sum = progress.loss_sum;
   state.epoch_steps = progress.steps;

@@ -64,6 +64,10 @@ struct CheckpointState {
   // The precision trained in (amp/precision.h's spelling) and, where it scales the loss, the scaler's state.
   std::string precision = "32";
   std::optional<amp::GradScalerState> grad_scaler;
+  // The model's name as the run calls it (LoopOptions::model_name: tandem train's `model`), so that a run dir
+  // continued with another model says which one it was trained with; empty when the run gave none, and in
+  // checkpoints of older tandems.
+  std::string model_name;
 };
 
 // The user's own state, saved with each checkpoint and handed back on resume: tensors (saved from any device,

@@ -28,6 +28,9 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 enum class Strategy { kDdp, kDataParallel };
 
 struct LoopOptions {
+  // What checkpoints call the model (tandem train's `model`, "cnn"): a run dir continued with a model of other
+  // tensors is refused naming the one it was trained with. Empty: the refusal names the model's C++ type only.
+  std::string model_name;
   int epochs = 10;
   int64_t batch_size = 64;      // per rank
   int64_t max_steps = 0;        // stop after this many optimizer steps in all; 0: no limit
