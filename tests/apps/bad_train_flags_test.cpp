@@ -6,6 +6,7 @@
 // --sync-bn on the CNN, --val-split and --min-crop-scale on MNIST files trained on as if they were not given, and
 // OMP_NUM_THREADS=100000 never got past starting its threads.
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <filesystem>
 #include <string>
@@ -40,7 +41,7 @@ std::vector<std::string> train(const std::vector<std::string>& args) {
 }
 
 std::vector<BadInput> bad_inputs() {
-  return {
+  std::vector<BadInput> rows = {
       // SGD's own settings, refused by LibTorch with a backtrace before.
       {"MomentumNegative", train({"--momentum", "-1"}),
        {"tandem: error: --momentum: must be at least 0 and below 1, not -1 (see --help)"}},
@@ -111,7 +112,16 @@ std::vector<BadInput> bad_inputs() {
        2,
        /*only_line=*/true,
        {{"OMP_NUM_THREADS", "100000"}}},
+      // A choice this build cannot honour is a wrong option too (exit 2), and names the flag.
+      {"BackendNotBuiltIn", train_on(kTinyMnist, {"--backend", "foo"}),
+       {"error: --backend 'foo' is not available in this build of tandem (available:"}},
   };
+  // 1.13's CPU autocast knows only bfloat16; 2.x trains float16 on the CPU as well.
+  if (TORCH_VERSION_MAJOR < 2) {
+    rows.push_back({"Float16OnTheCpuOfLibTorch113", train_on(kTinyMnist, {"--precision", "16-mixed", "--device", "cpu"}),
+                    {"error: autocast to float16 on cpu", "use --precision bf16-mixed"}});
+  }
+  return rows;
 }
 
 // The folder a stand-in names, written once for the suite.

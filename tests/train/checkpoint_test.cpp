@@ -531,6 +531,8 @@ TEST(Metrics, AResumedRunDropsTheLinesOfEpochsItTrainsAgainAndATornLine) {
     EpochMetrics m;
     m.epoch = 2;
     m.accuracy = 0.25;
+    m.correct = 1;
+    m.total = 4;
     writer.append(to_json_line(m));
   }
   std::ifstream in(path);
