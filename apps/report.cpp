@@ -2,6 +2,7 @@
 // page's path, so that a script can open it:
 //   xdg-open "$(tandem report runs/20250101-120000)"
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -26,7 +27,13 @@ int run_report(const ReportFlags& flags) {
 const CommandRegistration kRegisterReport("report", "write a run's charts as one HTML page that opens offline", [](CLI::App& command) {
   auto flags = std::make_shared<ReportFlags>();
   command.add_option("RUN_DIR", flags->run_dir, "run directory written by tandem train (holds metrics.jsonl)")->required();
-  command.add_option("--output,-o", flags->output, "HTML file to write (default: RUN_DIR/report.html)");
+  command.add_option("--output,-o", flags->output, "HTML file to write (default: RUN_DIR/report.html)")
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            if (!std::filesystem::is_directory(path)) return {};
+            return path + " is a folder; give the HTML file to write, e.g. " + path + "/report.html";
+          },
+          ""));
   command.footer(
       "The page plots loss, learning rate and samples/s per step (steps.jsonl) with each epoch's value\n"
       "(metrics.jsonl), test accuracy per epoch, each rank's step time, and the timeline's means per step\n"

@@ -50,6 +50,8 @@ std::vector<BadInput> bad_inputs() {
       {"ReportOnAFolderWithoutMetrics", {"report", fixture("empty_folder")},
        {"tandem: error: ", fixture("empty_folder/metrics.jsonl") + " not found", "not a run directory"}},
       {"ReportOnAMissingFolder", {"report", fixture("absent")}, {"run directory " + fixture("absent") + " not found"}},
+      {"ReportOutputIsAFolder", {"report", fixture("empty_folder"), "-o", fixture("empty_folder")},
+       {"tandem: error: --output", fixture("empty_folder") + " is a folder; give the HTML file to write"}},
       // tandem run: ranges checked before anything starts
       {"RunTooManyWorkers", {"run", "--nproc-per-node", "100000", "--", "true"},
        {"tandem: error: --nproc-per-node 100000", "at most 1024"}},
