@@ -6,101 +6,25 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "apps/backend_flag.h"
+#include "apps/bench_flag_checks.h"
 #include "apps/command.h"
 #include "apps/flag_checks.h"
+#include "apps/model_flag.h"
 #include "bench/allreduce_bench.h"
 #include "bench/allreduce_command.h"
-#include "bench/host.h"
 #include "bench/train_driver.h"
 #include "tandem/comm/backend.h"
 #include "tandem/ddp/named_comm_hook.h"
-#include "tandem/nn/model_registry.h"
 #include "tandem/util/error.h"
 
 namespace tandem::app {
 namespace {
-
-// Bounds of the flags whose type allows far more than a benchmark can use.
-// DDP bucket caps in MiB: about 1 KB already puts every tensor but the smallest (biases) in a bucket of its own,
-// and 1 TiB, the library's cap for one bucket, holds any model.
-constexpr double kBenchSmallestBucketMb = 0.001;
-constexpr double kBenchLargestBucketMb = 1024.0 * 1024.0;
-
-// The benchmarks' own kinds of value, checked as the command line is read, beside flag_checks.h's ranges. CLI11
-// writes the flag's name in front of the text a check returns.
-
-// "" when `buffers` buffers of `bytes` each fit in this host's memory, else why not.
-std::string bench_buffers_fit(int64_t bytes, int buffers, const char* what) {
-  const int64_t memory = bench::host_memory_bytes();
-  if (bytes <= memory / buffers) return {};
-  return fmt::format("{} {} more than this host's memory ({:.1f}G); give a smaller size", bench::format_size(bytes),
-                     what, static_cast<double>(memory) / (int64_t{1} << 30));
-}
-
-// --sizes: bench::parse_sizes()'s grammar, the largest size fitting in memory.
-CLI::Validator bench_allreduce_sizes() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        std::vector<int64_t> sizes;
-        try {
-          sizes = bench::parse_sizes(text);
-        } catch (const InvalidArgument& error) {
-          return error.what();
-        }
-        return bench_buffers_fit(*std::max_element(sizes.begin(), sizes.end()), 1, "is");
-      },
-      "");
-}
-
-// --memcpy-size: one size; the copy's source and target both fit in memory.
-CLI::Validator bench_memcpy_size() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          return bench_buffers_fit(bench::parse_size(text), 2, "twice (the copy's source and target) is");
-        } catch (const InvalidArgument& error) {
-          return error.what();
-        }
-      },
-      "");
-}
-
-CLI::Validator bench_world_sizes() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          bench::parse_world_sizes(text);
-          return {};
-        } catch (const InvalidArgument& error) {
-          return error.what();
-        }
-      },
-      "");
-}
-
-std::string bench_model_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, description] : nn::registered_models()) names.push_back(name);
-  return fmt::format("{}", fmt::join(names, ", "));
-}
-
-CLI::Validator bench_registered_model() {
-  return CLI::Validator(
-      [](std::string& name) -> std::string {
-        for (const auto& [known, description] : nn::registered_models()) {
-          if (known == name) return {};
-        }
-        return fmt::format("unknown model '{}'; the models are {}", name, bench_model_names());
-      },
-      "");
-}
 
 struct BenchTrainFlags {
   bench::TrainDriverOptions driver;
@@ -205,9 +129,9 @@ const CommandRegistration kBench{
       train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, processes each: e.g. 1,2")
           ->capture_default_str()
           ->check(bench_world_sizes());
-      train->add_option("--model", bench_options.model, "Model to train: " + bench_model_names())
+      train->add_option("--model", bench_options.model, fmt::format("Model to train: {}", fmt::join(registered_model_names(), ", ")))
           ->capture_default_str()
-          ->check(bench_registered_model());
+          ->check(registered_model());
       train->add_option("--image-size", bench_options.image_size, "Square input size in pixels (the CNN takes 28)")
           ->capture_default_str()
           ->check(between<int64_t>(1, kLargestImageSize));

@@ -12,11 +12,11 @@
 #include "apps/backend_flag.h"
 #include "apps/command.h"
 #include "apps/flag_checks.h"
+#include "apps/model_flag.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/monitor/timeline.h"
-#include "tandem/nn/model_registry.h"
 #include "tandem/util/error.h"
 #include "apps/program/training_program.h"
 
@@ -100,19 +100,13 @@ int run_train(TrainFlags& flags) {
   return 0;
 }
 
-std::vector<std::string> model_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, description] : nn::registered_models()) names.push_back(name);
-  return names;
-}
-
 const CommandRegistration kRegisterTrain("train", "train a model on MNIST files or an image folder across the ranks", [](CLI::App& command) {
   auto flags = std::make_shared<TrainFlags>();
   TrainingProgramOptions& p = flags->options;
   data::DataFolderOptions& d = p.data;
   train::LoopOptions& o = p.loop;
   command.add_option("--data", d.dir, "MNIST-format folder (train-/t10k- images and labels, .gz or plain), or an image folder (one sub-folder of .jpg/.png per class)")->capture_default_str();
-  command.add_option("--model", p.model, fmt::format("model to train: {}", fmt::join(model_names(), ", ")))->capture_default_str()->check(CLI::IsMember(model_names()));
+  command.add_option("--model", p.model, fmt::format("model to train: {}", fmt::join(registered_model_names(), ", ")))->capture_default_str()->check(registered_model());
   command.add_option("--num-classes", d.num_classes, "classifier outputs (default: 10 for MNIST files, whose labels must then be 0-9; for an image folder, its number of class folders)")->check(between<int64_t>(1, kMostClasses));
   command.add_flag("--sync-bn", p.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks' batches");
   command.add_option("--image-size", d.image_size, "image folders: training resolution (default 224); MNIST files keep 28")->check(between<int64_t>(1, kLargestImageSize));
