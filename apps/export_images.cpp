@@ -10,6 +10,7 @@
 #include "apps/command.h"
 #include "apps/flag_checks.h"
 #include "tandem/data/export_image_folder.h"
+#include "tandem/data/mnist_dataset.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
 
@@ -46,34 +47,35 @@ std::vector<std::string> sets_in(const std::string& source) {
   return sets;
 }
 
-// SOURCE/SET-KIND-ubyte.gz as Debian's dataset-fashion-mnist package installs it, or the same file unpacked.
-std::string idx_file(const std::string& source, const std::string& set, const std::string& kind) {
-  const std::string plain = fmt::format("{}/{}-{}-ubyte", source, set, kind);
-  for (const std::string& path : {plain + ".gz", plain}) {
-    if (std::filesystem::is_regular_file(path)) return path;
-  }
+// Where Debian's package puts the data a folder without IDX files lacks.
+constexpr const char* kInstallTheDataSet =
+    "install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or give --source the "
+    "folder that holds the IDX files";
+
+// SOURCE/SET-CONTENT-KIND-ubyte[.gz] ("images", "idx3"), as data::MnistDataset finds it.
+std::string idx_file(const std::string& source, const std::string& set, const std::string& content,
+                     const std::string& kind) {
+  const std::string path = data::find_idx_file(source, set + "-" + content, kind);
+  if (!path.empty()) return path;
   // A set name that the folder does not hold is a typo in --sets; a folder without IDX files, or a set with a
   // file missing, needs the data installed.
   const std::vector<std::string> present = sets_in(source);
   const std::string remedy =
       present.empty() || std::find(present.begin(), present.end(), set) != present.end()
-          ? "install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or give "
-            "--source the folder that holds the IDX files"
+          ? std::string(kInstallTheDataSet)
           : fmt::format("the sets it holds are {}: name those with --sets", fmt::join(present, ", "));
-  throw InvalidArgument(fmt::format("--source {} holds no {}-{}-ubyte[.gz]; {}", source, set, kind, remedy));
+  throw InvalidArgument(
+      fmt::format("--source {} holds no {}-{}-{}-ubyte[.gz]; {}", source, set, content, kind, remedy));
 }
 
 // Every file of every set, found before the first image is written: a missing one leaves no half-written folder.
 std::vector<IdxSetFiles> find_sets(const ExportFlags& flags) {
   if (!std::filesystem::is_directory(flags.source)) {
-    throw InvalidArgument(fmt::format(
-        "--source {} is not a folder; install Debian's dataset-fashion-mnist package (apt-get install "
-        "dataset-fashion-mnist), or give --source the folder that holds the IDX files",
-        flags.source));
+    throw InvalidArgument(fmt::format("--source {} is not a folder; {}", flags.source, kInstallTheDataSet));
   }
   std::vector<IdxSetFiles> sets;
   for (const std::string& set : flags.sets) {
-    sets.push_back({idx_file(flags.source, set, "images-idx3"), idx_file(flags.source, set, "labels-idx1")});
+    sets.push_back({idx_file(flags.source, set, "images", "idx3"), idx_file(flags.source, set, "labels", "idx1")});
   }
   return sets;
 }

@@ -15,22 +15,9 @@ namespace {
 constexpr uint32_t kImagesMagicDims = 3;
 constexpr uint32_t kLabelsMagicDims = 1;
 
-// The first existing file among the names MNIST mirrors use for `stem` (e.g. "train-images", "idx3"), or "".
-std::string existing_file(const std::string& dir, const std::string& stem, const std::string& kind) {
-  namespace fs = std::filesystem;
-  const std::string dashed = stem + "-" + kind + "-ubyte";
-  const std::string dotted = stem + "." + kind + "-ubyte";
-  for (const std::string& name : {dashed, dashed + ".gz", dotted, dotted + ".gz"}) {
-    const fs::path candidate = fs::path(dir) / name;
-    std::error_code ignored;
-    if (fs::is_regular_file(candidate, ignored)) return candidate.string();
-  }
-  return "";
-}
-
 std::string find_file(const std::string& dir, const std::string& stem, const std::string& kind,
                       const std::string& what) {
-  std::string path = existing_file(dir, stem, kind);
+  std::string path = find_idx_file(dir, stem, kind);
   if (!path.empty()) return path;
   const std::string dashed = (std::filesystem::path(dir) / (stem + "-" + kind + "-ubyte")).string();
   throw InvalidArgument(detail::concat("MNIST ", what, " not found: ", dashed,
@@ -44,7 +31,19 @@ std::string lowercase(std::string text) {
 
 }  // namespace
 
-bool has_mnist_files(const std::string& dir) { return !existing_file(dir, "train-images", "idx3").empty(); }
+std::string find_idx_file(const std::string& dir, const std::string& stem, const std::string& kind) {
+  namespace fs = std::filesystem;
+  const std::string dashed = stem + "-" + kind + "-ubyte";
+  const std::string dotted = stem + "." + kind + "-ubyte";
+  for (const std::string& name : {dashed, dashed + ".gz", dotted, dotted + ".gz"}) {
+    const fs::path candidate = fs::path(dir) / name;
+    std::error_code ignored;
+    if (fs::is_regular_file(candidate, ignored)) return candidate.string();
+  }
+  return "";
+}
+
+bool has_mnist_files(const std::string& dir) { return !find_idx_file(dir, "train-images", "idx3").empty(); }
 
 MnistSplit parse_mnist_split(const std::string& name) {
   if (name == "train") return MnistSplit::kTrain;

@@ -20,6 +20,10 @@ const char* mnist_split_name(MnistSplit split);
 // MNIST folder from an image folder).
 bool has_mnist_files(const std::string& dir);
 
+// The first existing file in `dir` among the names MNIST mirrors use for `stem` and `kind` ("train-images",
+// "idx3": train-images-idx3-ubyte, its .gz, or the dotted train-images.idx3-ubyte[.gz]); "" when none exists.
+std::string find_idx_file(const std::string& dir, const std::string& stem, const std::string& kind);
+
 // x -> (x / 255 - mean) / std, as torchvision's ToTensor + Normalize.
 struct Normalization {
   double mean = 0.0;
