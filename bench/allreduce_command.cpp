@@ -9,10 +9,11 @@
 
 #include "bench/allreduce_bench.h"
 #include "bench/host.h"
-#include "bench/result_file.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/rank_layout.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
+#include "tandem/util/output_path.h"
 
 namespace tandem::bench {
 
@@ -23,7 +24,7 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
   options.warmup = flags.warmup;
   const int64_t memcpy_bytes = parse_size(flags.memcpy_size);
   // Rank 0 writes the file; it checks the path before joining, so that a wrong one costs no measurement.
-  if (!flags.json_path.empty() && comm::detect_rank_layout().rank == 0) check_result_file_writable(flags.json_path);
+  if (!flags.json_path.empty() && comm::detect_rank_layout().rank == 0) require_writable_file("--json", flags.json_path);
 
   InitOptions init;
   init.device = flags.device;
@@ -105,7 +106,7 @@ void run_allreduce_command(const AllreduceCommandOptions& flags) {
       }
       out["results"].push_back(result);
     }
-    write_result_file(flags.json_path, out);
+    write_file_atomically(flags.json_path, out.dump(2) + "\n");
   }
   destroy_process_group();
   if (!std::all_of(rows.begin(), rows.end(), [](const auto& row) { return row.correct; })) {

@@ -14,12 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/host.h"
-#include "bench/result_file.h"
 #include "tandem/comm/backend.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/ddp/named_comm_hook.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
+#include "tandem/util/output_path.h"
 
 namespace tandem::bench {
 namespace {
@@ -237,7 +238,7 @@ void run_train_driver(TrainDriverOptions options) {
   if (compare) check_pytorch_can_match(options);
   // Made before any process starts, so a mistyped hook fails once, here.
   ddp::make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
-  if (!options.json_path.empty()) check_result_file_writable(options.json_path);
+  if (!options.json_path.empty()) require_writable_file("--json", options.json_path);
   std::string python = compare ? find_python() : "";
   // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
   const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";
@@ -388,7 +389,7 @@ void run_train_driver(TrainDriverOptions options) {
       json["powersgd"] = {{"matrix_approximation_rank", bench.powersgd.matrix_approximation_rank},
                           {"start_powersgd_iter", bench.powersgd.start_powersgd_iter}};
     }
-    write_result_file(options.json_path, json);
+    write_file_atomically(options.json_path, json.dump(2) + "\n");
   }
 }
 

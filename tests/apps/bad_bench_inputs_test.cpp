@@ -85,7 +85,7 @@ std::vector<BadInput> bad_inputs() {
        {"--powersgd-rank is only read with --comm-hook powersgd"}},
       {"TrainJsonInAMissingFolder", bench_train({"--json", "/nonexistent-dir/x.json"}),
        {"--json /nonexistent-dir/x.json", "folder /nonexistent-dir does not exist"}},
-      {"TrainJsonIsAFolder", bench_train({"--json", "/"}), {"--json / is a folder"}},
+      {"TrainJsonIsAFolder", bench_train({"--json", "/"}), {"--json /: is a folder, not a file"}},
       // bench allreduce
       {"AllreduceNegativeIters", bench_allreduce({"--iters", "-1"}), {"--iters", "from 0 to", "not -1"}},
       {"AllreduceNegativeWarmup", bench_allreduce({"--warmup", "-1"}), {"--warmup", "from 0 to", "not -1"}},
