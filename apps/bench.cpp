@@ -1,217 +1,47 @@
-// `tandem bench`: benchmarks that print tables (and JSON with --json). This file is only the tables of flags;
-// the benchmarks live in bench/ (docs/benchmarks.md).
-//   tandem run --nproc-per-node 2 -- tandem bench allreduce              (gloo, run as every rank)
-//   mpirun -np 2 tandem bench allreduce --backend mpi                     (mpi, run as every rank)
-//   tandem bench train [--backend mpi] [--compare pytorch]                (starts its own processes)
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-#include <filesystem>
-#include <memory>
+// `tandem bench`: benchmarks that print tables (and JSON with --json). Each benchmark is its own subcommand in
+// its own apps/bench_*.cpp (bench_command.h); their measurements live in bench/ (docs/benchmarks.md).
 #include <string>
-#include <thread>
+#include <utility>
+#include <vector>
 
-#include "apps/backend_flag.h"
-#include "apps/bench_flag_checks.h"
-#include "apps/command.h"
-#include "apps/flag_checks.h"
-#include "apps/model_flag.h"
-#include "bench/allreduce_bench.h"
-#include "bench/allreduce_command.h"
-#include "bench/train_driver.h"
-#include "tandem/comm/backend.h"
-#include "tandem/ddp/named_comm_hook.h"
-#include "tandem/util/error.h"
+#include "apps/bench_command.h"
 
 namespace tandem::app {
 namespace {
 
-struct BenchTrainFlags {
-  bench::TrainDriverOptions driver;
-  std::string world_sizes = "1,2";
-  std::string compare;
-  // Internal: set when this process is one of the workers the driver started.
-  std::string worker_mode;
-  std::string bucket_plan = "adapt";
-  int replicas = 1;  // of a data-parallel worker
-  std::string result_path;
-  // Flags that only matter beside another one; given without it, they are refused rather than ignored.
-  const CLI::Option* pytorch_script = nullptr;
-  std::vector<const CLI::Option*> powersgd;
+struct BenchEntry {
+  std::string name;
+  std::string description;
+  DefineCommand define;
 };
 
-// How the driver starts a worker: this program's `bench train` with the flags that shape the measurement.
-std::string worker_arguments(const bench::TrainDriverOptions& d, const std::string& mode, int replicas,
-                             const std::string& result_path) {
-  const auto& o = d.bench;
-  return fmt::format(
-      "bench train --model {} --image-size {} --device {} --backend {} --batch-size {} --steps {} --repeats {} "
-      "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {} --bucket-plan {}{} --comm-hook {} "
-      "--powersgd-rank {} --powersgd-start {} --worker {} --replicas {} --result {}",
-      o.model, o.image_size, d.device, d.backend, o.batch_size, o.steps, o.repeats, o.warmup, d.threads,
-      o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb, o.ddp.bucket_plan == ddp::BucketPlan::kCaps ? "caps" : "adapt",
-      o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "",
-      o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter, mode, replicas, result_path);
+std::vector<BenchEntry>& bench_registry() {
+  static std::vector<BenchEntry> entries;
+  return entries;
 }
 
-void refuse_flags_without_effect(const BenchTrainFlags& flags) {
-  if (flags.pytorch_script->count() > 0 && flags.compare.empty()) {
-    throw InvalidArgument("--pytorch-script is only read with --compare pytorch; add that or drop --pytorch-script");
-  }
-  for (const CLI::Option* option : flags.powersgd) {
-    if (option->count() > 0 && flags.driver.bench.comm_hook != "powersgd") {
-      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
-                                        option->get_name(), option->get_name()));
-    }
-  }
+}  // namespace
+
+BenchCommandRegistration::BenchCommandRegistration(std::string name, std::string description, DefineCommand define) {
+  bench_registry().push_back({std::move(name), std::move(description), std::move(define)});
 }
 
-int run_bench_train(BenchTrainFlags& flags) {
-  bench::TrainDriverOptions& d = flags.driver;
-  d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
-  if (!flags.worker_mode.empty()) {
-    bench::run_train_worker({flags.worker_mode, flags.replicas, flags.result_path, d.device, d.backend, d.threads, d.bench});
-    return 0;
-  }
-  refuse_flags_without_effect(flags);
-  d.compare_pytorch = flags.compare == "pytorch";
-  d.world_sizes = bench::parse_world_sizes(flags.world_sizes);
-  d.program = std::filesystem::read_symlink("/proc/self/exe").string();
-  d.worker_arguments = worker_arguments;
-  bench::run_train_driver(d);
-  return 0;
-}
+namespace {
 
 const CommandRegistration kBench{
-    "bench", "Benchmarks: all-reduce bandwidth per backend, training steps vs PyTorch DDP", [](CLI::App& command) {
+    "bench", "Benchmarks: all-reduce bandwidth, training steps against PyTorch DDP, and more (tandem bench --help)",
+    [](CLI::App& command) -> std::function<int()> {
       command.require_subcommand(1);
-      // Intra-op threads beyond the cores only take turns on them.
-      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-
-      auto flags = std::make_shared<bench::AllreduceCommandOptions>();
-      CLI::App* allreduce = command.add_subcommand(
-          "allreduce", "All-reduce algorithm and bus bandwidth per size, beside the host's memcpy bandwidth");
-      allreduce->add_option("--device", flags->device, "Where the buffer lives: cpu, cuda (GPU LOCAL_RANK) or auto")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      allreduce->add_option("--backend", flags->backend, backend_flag_help("the buffer lives"))
-          ->check(CLI::IsMember(comm::available_backends()));
-      allreduce->add_option("--sizes", flags->sizes,
-                            "Sizes in bytes (4096, 4K, 64M, 1G): FIRST..LAST (doubling) or a list A,B,C")
-          ->capture_default_str()
-          ->check(bench_allreduce_sizes());
-      allreduce->add_option("--iters", flags->iters, "Timed all-reduces per size (0: about 2 GB, 5..200)")
-          ->capture_default_str()
-          ->check(at_least<int>(0));
-      allreduce->add_option("--warmup", flags->warmup, "Untimed all-reduces per size")
-          ->capture_default_str()
-          ->check(at_least<int>(0));
-      allreduce->add_option("--memcpy-size", flags->memcpy_size, "Buffer size in bytes for the memcpy ceiling")
-          ->capture_default_str()
-          ->check(bench_memcpy_size());
-      allreduce->add_option("--json", flags->json_path, "Also write the results as JSON to this file (rank 0)");
-      allreduce->add_option("--timeout", flags->timeout_s,
-                            "Seconds before a collective counts as hung (at most a year)")
-          ->capture_default_str()
-          ->check(between<int>(1, kLongestTimeoutSeconds));
-
-      auto train_flags = std::make_shared<BenchTrainFlags>();
-      bench::TrainBenchOptions& bench_options = train_flags->driver.bench;
-      CLI::App* train = command.add_subcommand(
-          "train",
-          "Training steps per second for world sizes 1 and 2 with DDP and DataParallel, scaling efficiency, overlap; "
-          "vs PyTorch DDP");
-      train->add_option("--device", train_flags->driver.device, "cpu, cuda or auto (cuda where a GPU is visible)")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-      train->add_option("--backend", train_flags->driver.backend, backend_flag_help("--device resolves"))
-          ->check(CLI::IsMember(comm::available_backends()));
-      train->add_option("--world-sizes", train_flags->world_sizes, "World sizes to time, processes each: e.g. 1,2")
-          ->capture_default_str()
-          ->check(bench_world_sizes());
-      train->add_option("--model", bench_options.model, fmt::format("Model to train: {}", fmt::join(registered_model_names(), ", ")))
-          ->capture_default_str()
-          ->check(registered_model());
-      train->add_option("--image-size", bench_options.image_size, "Square input size in pixels (the CNN takes 28)")
-          ->capture_default_str()
-          ->check(between<int64_t>(1, kLargestImageSize));
-      train->add_option("--batch-size", bench_options.batch_size, "Samples per process per step")
-          ->capture_default_str()
-          ->check(at_least<int>(1));
-      train->add_option("--steps", bench_options.steps, "Timed steps per repeat")
-          ->capture_default_str()
-          ->check(at_least<int>(1));
-      train->add_option("--repeats", bench_options.repeats, "Timed repeats (median and spread)")
-          ->capture_default_str()
-          ->check(at_least<int>(1));
-      train->add_option("--warmup", bench_options.warmup, "Untimed steps first")
-          ->capture_default_str()
-          ->check(at_least<int>(0));
-      train->add_option("--threads", train_flags->driver.threads, "Intra-op threads per process, at most the cores")
-          ->capture_default_str()
-          ->check(between<int>(1, cores));
-      train->add_option("--bucket-cap-mb", bench_options.ddp.bucket_cap_mb,
-                        "DDP bucket size in MiB (PyTorch's bucket_cap_mb); larger buckets start communicating later")
-          ->capture_default_str()
-          ->check(between(kBenchSmallestBucketMb, kBenchLargestBucketMb));
-      train->add_option("--first-bucket-cap-mb", bench_options.ddp.first_bucket_cap_mb,
-                        "Size of the first DDP bucket in MiB, which starts communicating earliest (tandem only: "
-                        "PyTorch fixes it at 1)")
-          ->capture_default_str()
-          ->check(between(kBenchSmallestBucketMb, kBenchLargestBucketMb));
-      train->add_option("--bucket-plan", train_flags->bucket_plan,
-                        "adapt: the caps above, or one bucket reduced at the end of backward where gloo or mpi would "
-                        "have no spare core to overlap it on (the ranks' threads take every core); caps: always the caps")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"adapt", "caps"}));
-      train->add_flag("--gradient-as-bucket-view", bench_options.ddp.gradient_as_bucket_view,
-                      "Make each .grad a view into its DDP bucket, saving a copy per step (as PyTorch's option)");
-      train->add_option("--comm-hook", bench_options.comm_hook,
-                        "How DDP reduces each bucket: average, fp16, bf16 or powersgd (low-rank compression; "
-                        "PyTorch's comm hooks of the same names)")
-          ->capture_default_str()
-          ->check(CLI::IsMember(ddp::comm_hook_names()));
-      // Timed steps come after the warm-up, so compression starts within it by default.
-      bench_options.powersgd.start_powersgd_iter = 2;
-      train_flags->powersgd.push_back(
-          train
-              ->add_option("--powersgd-rank", bench_options.powersgd.matrix_approximation_rank,
-                           "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's "
-                           "matrix_approximation_rank)")
-              ->capture_default_str()
-              ->check(at_least<int64_t>(1)));
-      train_flags->powersgd.push_back(
-          train
-              ->add_option("--powersgd-start", bench_options.powersgd.start_powersgd_iter,
-                           "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's "
-                           "start_powerSGD_iter; at least 2)")
-              ->capture_default_str()
-              ->check(at_least<int64_t>(2)));
-      train->add_option("--rounds", train_flags->driver.rounds,
-                        "Run every measurement this many times, interleaved; figures are medians over rounds and "
-                        "ratios are paired within a round (steadier on a noisy machine)")
-          ->capture_default_str()
-          ->check(at_least<int>(1));
-      train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: pytorch")
-          ->check(CLI::IsMember({"pytorch"}));
-      train_flags->pytorch_script =
-          train->add_option("--pytorch-script", train_flags->driver.pytorch_script,
-                            "--compare pytorch: the PyTorch side script")
-              ->capture_default_str();
-      train->add_option("--json", train_flags->driver.json_path, "Also write the results as JSON to this file");
-      train->add_option("--worker", train_flags->worker_mode,
-                        "(internal) run as a worker: ddp, independent or data-parallel")
-          ->group("")
-          ->check(CLI::IsMember({"ddp", "independent", "data-parallel"}));
-      train->add_option("--replicas", train_flags->replicas, "(internal) replicas of a data-parallel worker")
-          ->group("")
-          ->check(at_least<int>(1));
-      train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
-
-      return [flags, allreduce, train_flags, train]() -> int {
-        if (train->parsed()) return run_bench_train(*train_flags);
-        bench::run_allreduce_command(*flags);
-        return 0;
+      std::vector<std::pair<const CLI::App*, std::function<int()>>> benchmarks;
+      for (const BenchEntry& entry : bench_registry()) {
+        CLI::App* subcommand = command.add_subcommand(entry.name, entry.description);
+        benchmarks.emplace_back(subcommand, entry.define(*subcommand));
+      }
+      return [benchmarks]() -> int {
+        for (const auto& [subcommand, run] : benchmarks) {
+          if (subcommand->parsed()) return run();
+        }
+        return 2;  // unreachable: CLI11 requires one subcommand
       };
     }};
 
