@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "bench/child_processes.h"
 #include "bench/host.h"
 #include "tandem/comm/backend.h"
 #include "tandem/comm/process_group.h"
@@ -25,63 +26,12 @@
 namespace tandem::bench {
 namespace {
 
-std::string shell_quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 nlohmann::json to_json(const TrainBenchResult& result) {
   return {{"ms_per_step_median", result.ms_median}, {"ms_per_step_min", result.ms_min},
           {"ms_per_step_max", result.ms_max},       {"repeats", result.ms_per_step},
           {"allreduce_ms", result.allreduce_ms},    {"parameters", result.parameters},
           {"hidden_share", result.hidden_share},    {"bytes_per_step", result.bytes_per_step}};
 }
-
-// The result that `what` (a worker, the PyTorch script) wrote to `path`.
-nlohmann::json read_result(const std::string& path, const std::string& what) {
-  std::ifstream file(path);
-  if (!file) throw CommError(fmt::format("{} wrote no result to {}; see its output above", what, path));
-  try {
-    return nlohmann::json::parse(file);
-  } catch (const nlohmann::json::exception&) {
-    throw CommError(fmt::format("{} wrote no result ({} is empty or cut short); see its output above", what, path));
-  }
-}
-
-// Runs `command` through the shell. A failure prints the command first, on a line of its own, so that the error
-// line stays one readable line.
-void run_or_throw(const std::string& command, const std::string& what) {
-  const int status = std::system(command.c_str());
-  if (status == 0) return;
-  fmt::print(stderr, "# the command that failed: {}\n", command);
-  if (WIFEXITED(status)) {
-    throw CommError(fmt::format("{} failed with exit code {}; see its output above", what, WEXITSTATUS(status)));
-  }
-  throw CommError(fmt::format("{} was ended by signal {}; see its output above", what,
-                              WIFSIGNALED(status) ? WTERMSIG(status) : status));
-}
-
-// The folder that holds the workers' result files, removed however the driver ends (a worker failed, the
-// table could not be written), so that no run leaves one behind in the temporary folder.
-class ResultFolder {
- public:
-  ResultFolder()
-      : path_(std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid())) {
-    std::filesystem::create_directories(path_);
-  }
-  ~ResultFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  ResultFolder(const ResultFolder&) = delete;
-  ResultFolder& operator=(const ResultFolder&) = delete;
-
-  std::filesystem::path operator/(const std::string& file) const { return path_ / file; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // One framework and wrapper at one world size: per round, the measured job and the independent processes that
 // it is compared with, run back to back so that both see the machine in the same state.
@@ -108,21 +58,6 @@ double paired_ratio(const std::vector<nlohmann::json>& numerator, const std::vec
     ratios.push_back(numerator[r][field].get<double>() / denominator[r][field].get<double>());
   }
   return median_of(ratios);
-}
-
-std::string find_python() {
-  // PYTHON first (scripts/gpu-check sets it); then Debian's python3-torch, which installs into the system
-  // interpreter that a pyenv or venv python3 may shadow.
-  std::vector<std::string> candidates{"/usr/bin/python3", "python3"};
-  if (const char* chosen = std::getenv("PYTHON")) candidates.insert(candidates.begin(), chosen);
-  for (const std::string& candidate : candidates) {
-    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", shell_quoted(candidate)).c_str()) == 0) {
-      return shell_quoted(candidate);
-    }
-  }
-  throw UnsupportedError(
-      "--compare pytorch needs PyTorch for Python, which is not installed; on Debian: apt-get install -y "
-      "python3-torch (the bench installs nothing itself)");
 }
 
 const char* plan_name(ddp::BucketPlan plan) { return plan == ddp::BucketPlan::kCaps ? "caps" : "adapt"; }
@@ -239,7 +174,7 @@ void run_train_driver(TrainDriverOptions options) {
   // Made before any process starts, so a mistyped hook fails once, here.
   ddp::make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
   if (!options.json_path.empty()) require_writable_file("--json", options.json_path);
-  std::string python = compare ? find_python() : "";
+  std::string python = compare ? find_python("--compare pytorch") : "";
   // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
   const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";
   const ResultFolder dir;

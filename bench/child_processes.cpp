@@ -1,0 +1,66 @@
+#include "bench/child_processes.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+#include "tandem/util/error.h"
+
+namespace tandem::bench {
+
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void run_or_throw(const std::string& command, const std::string& what) {
+  const int status = std::system(command.c_str());
+  if (status == 0) return;
+  fmt::print(stderr, "# the command that failed: {}\n", command);
+  if (WIFEXITED(status)) {
+    throw CommError(fmt::format("{} failed with exit code {}; see its output above", what, WEXITSTATUS(status)));
+  }
+  throw CommError(fmt::format("{} was ended by signal {}; see its output above", what,
+                              WIFSIGNALED(status) ? WTERMSIG(status) : status));
+}
+
+nlohmann::json read_result(const std::string& path, const std::string& what) {
+  std::ifstream file(path);
+  if (!file) throw CommError(fmt::format("{} wrote no result to {}; see its output above", what, path));
+  try {
+    return nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception&) {
+    throw CommError(fmt::format("{} wrote no result ({} is empty or cut short); see its output above", what, path));
+  }
+}
+
+std::string find_python(const std::string& flag) {
+  std::vector<std::string> candidates{"/usr/bin/python3", "python3"};
+  if (const char* chosen = std::getenv("PYTHON")) candidates.insert(candidates.begin(), chosen);
+  for (const std::string& candidate : candidates) {
+    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", shell_quoted(candidate)).c_str()) == 0) {
+      return shell_quoted(candidate);
+    }
+  }
+  throw UnsupportedError(fmt::format(
+      "{} needs PyTorch for Python, which is not installed; on Debian: apt-get install -y python3-torch (the bench "
+      "installs nothing itself)",
+      flag));
+}
+
+ResultFolder::ResultFolder()
+    : path_(std::filesystem::temp_directory_path() / fmt::format("tandem_bench_{}", ::getpid())) {
+  std::filesystem::create_directories(path_);
+}
+
+ResultFolder::~ResultFolder() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+}  // namespace tandem::bench
