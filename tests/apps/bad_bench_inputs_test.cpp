@@ -1,7 +1,8 @@
-// Bad input to `tandem bench train` and `tandem bench allreduce`: each ends in one line that names the flag,
-// the value or the file and says what to do, with exit code 2, before any worker starts or any rank joins
-// (issue 29). A --batch-size of -1 used to reach the workers as a LibTorch backtrace, --steps 0 a JSON library
-// exception, --world-sizes 0 a message about bytes, --json to a missing folder an error after the whole run.
+// Bad input to `tandem bench train`, `tandem bench overhead` and `tandem bench allreduce`: each ends in one
+// line that names the flag, the value or the file and says what to do, with exit code 2, before any worker starts
+// or any rank joins (issue 29). A --batch-size of -1 used to reach the workers as a LibTorch backtrace, --steps 0
+// a JSON library exception, --world-sizes 0 a message about bytes, --json to a missing folder an error after the
+// whole run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,6 +22,11 @@ using testing::BadInput;
 
 std::vector<std::string> bench_train(std::vector<std::string> args) {
   args.insert(args.begin(), {"bench", "train"});
+  return args;
+}
+
+std::vector<std::string> bench_overhead(std::vector<std::string> args) {
+  args.insert(args.begin(), {"bench", "overhead"});
   return args;
 }
 
@@ -86,6 +92,25 @@ std::vector<BadInput> bad_inputs() {
       {"TrainJsonInAMissingFolder", bench_train({"--json", "/nonexistent-dir/x.json"}),
        {"--json /nonexistent-dir/x.json", "folder /nonexistent-dir does not exist"}},
       {"TrainJsonIsAFolder", bench_train({"--json", "/"}), {"--json /: is a folder, not a file"}},
+      // bench overhead
+      {"OverheadZeroSteps", bench_overhead({"--steps", "0"}), {"--steps", "from 1 to", "not 0"}},
+      {"OverheadZeroRepeats", bench_overhead({"--repeats", "0"}), {"--repeats", "from 1 to", "not 0"}},
+      {"OverheadNegativeWarmup", bench_overhead({"--warmup", "-1"}), {"--warmup", "from 0 to", "not -1"}},
+      {"OverheadZeroRounds", bench_overhead({"--rounds", "0"}), {"--rounds", "from 1 to", "not 0"}},
+      {"OverheadZeroBatchSize", bench_overhead({"--batch-size", "0"}), {"--batch-size", "from 1 to", "not 0"}},
+      {"OverheadZeroWorldSize", bench_overhead({"--world-sizes", "0"}),
+       {"--world-sizes", "'0' is not a number of processes"}},
+      {"OverheadGpuBackend", bench_overhead({"--backends", "nccl"}), {"--backends", "'nccl' is not a CPU backend"}},
+      {"OverheadBackendTwice", bench_overhead({"--backends", "gloo,gloo"}),
+       {"--backends", "backend gloo is given twice"}},
+      {"OverheadUnknownComparison", bench_overhead({"--compare", "tensorflow"}),
+       {"--compare", "tensorflow", "pytorch"}},
+      {"OverheadPytorchScriptWithoutCompare", bench_overhead({"--compare", "none", "--pytorch-script", "x.py"}),
+       {"--pytorch-script is only read with --compare pytorch"}},
+      {"OverheadMissingPytorchScript", bench_overhead({"--pytorch-script", "/nonexistent/x.py"}),
+       {"PyTorch side script /nonexistent/x.py not found"}},
+      {"OverheadJsonInAMissingFolder", bench_overhead({"--json", "/nonexistent-dir/x.json"}),
+       {"--json /nonexistent-dir/x.json", "folder /nonexistent-dir does not exist"}},
       // bench allreduce
       {"AllreduceNegativeIters", bench_allreduce({"--iters", "-1"}), {"--iters", "from 0 to", "not -1"}},
       {"AllreduceNegativeWarmup", bench_allreduce({"--warmup", "-1"}), {"--warmup", "from 0 to", "not -1"}},
