@@ -73,6 +73,9 @@ void write_image_seeds(const fs::path& dir) {
   if (!stbi_write_jpg((dir / "rgb.jpg").c_str(), 4, 4, 3, pixels.data(), 90)) {
     throw tandem::Error("cannot write " + (dir / "rgb.jpg").string());
   }
+  for (const auto& entry : fs::directory_iterator(TANDEM_JPEG_FIXTURE_DIR)) {
+    if (entry.path().extension() == ".jpg") fs::copy_file(entry.path(), dir / entry.path().filename());
+  }
 }
 
 // A checkpoint of the fuzzer's own model after one step, so it carries momentum buffers.
