@@ -1,4 +1,4 @@
-// Bad input to `tandem bench train`, `tandem bench overhead` and `tandem bench allreduce`: each ends in one
+// Bad input to `tandem bench train`, `overhead`, `allreduce` and `data`: each ends in one
 // line that names the flag, the value or the file and says what to do, with exit code 2, before any worker starts
 // or any rank joins (issue 29). A --batch-size of -1 used to reach the workers as a LibTorch backtrace, --steps 0
 // a JSON library exception, --world-sizes 0 a message about bytes, --json to a missing folder an error after the
@@ -32,6 +32,12 @@ std::vector<std::string> bench_overhead(std::vector<std::string> args) {
 
 std::vector<std::string> bench_allreduce(std::vector<std::string> args) {
   args.insert(args.begin(), {"bench", "allreduce"});
+  return args;
+}
+
+// `tandem bench data` on a folder that exists (the flag checks come first, the folder is never read).
+std::vector<std::string> bench_data(std::vector<std::string> args) {
+  args.insert(args.begin(), {"bench", "data", "--data", TANDEM_FIXTURE_DIR});
   return args;
 }
 
@@ -130,6 +136,25 @@ std::vector<BadInput> bad_inputs() {
        {"--memcpy-size", "twice (the copy's source and target) is more than this host's memory"}},
       {"AllreduceJsonInAMissingFolder", bench_allreduce({"--json", "/nonexistent-dir/x.json"}),
        {"--json /nonexistent-dir/x.json", "folder /nonexistent-dir does not exist"}},
+      // bench data
+      {"DataWithoutAFolder", {"bench", "data"}, {"--data is required"}},
+      {"DataMissingFolder", {"bench", "data", "--data", "/nonexistent-dir"}, {"--data", "/nonexistent-dir"}},
+      {"DataZeroThreads", bench_data({"--threads", "0"}), {"--threads", "from 1 to", "not 0"}},
+      {"DataMoreThreadsThanCores", bench_data({"--threads", too_many_threads}),
+       {"--threads", "not " + too_many_threads}},
+      {"DataZeroBatchSize", bench_data({"--batch-size", "0"}), {"--batch-size", "from 1 to", "not 0"}},
+      {"DataZeroImageSize", bench_data({"--image-size", "0"}), {"--image-size", "from 1 to 1024", "not 0"}},
+      {"DataHugeImageSize", bench_data({"--image-size", "100000"}), {"--image-size", "not 100000"}},
+      {"DataZeroEpochs", bench_data({"--epochs", "0"}), {"--epochs", "from 1 to", "not 0"}},
+      {"DataNegativeWarmup", bench_data({"--warmup-epochs", "-1"}), {"--warmup-epochs", "from 0 to", "not -1"}},
+      {"DataZeroRounds", bench_data({"--rounds", "0"}), {"--rounds", "from 1 to", "not 0"}},
+      {"DataUnknownComparison", bench_data({"--compare", "pil"}), {"--compare", "pil", "torchvision"}},
+      {"DataScriptWithoutCompare", bench_data({"--torchvision-script", "/nonexistent/x.py"}),
+       {"--torchvision-script is only read with --compare torchvision"}},
+      {"DataMissingScript", bench_data({"--compare", "torchvision", "--torchvision-script", "/nonexistent/x.py"}),
+       {"torchvision side script /nonexistent/x.py not found", "--torchvision-script"}},
+      {"DataBatchBeyondMemory", bench_data({"--batch-size", "2000000000", "--image-size", "1024"}),
+       {"--batch-size 2000000000 at --image-size 1024", "lower --batch-size or --image-size"}},
   };
   if (!TANDEM_HAVE_NCCL) {
     rows.push_back({"TrainNcclWithoutNccl", bench_train({"--backend", "nccl"}), {"--backend", "nccl"}});
