@@ -27,9 +27,33 @@ MPI_Op to_mpi(ReduceOp op) {
     case ReduceOp::Max:
       return MPI_MAX;
     case ReduceOp::Avg:
-      break;  // MPI has none; the base sends a sum instead
+      return MPI_SUM;  // MPI has none: a sum of pieces divided on the MPI thread (all_reduce_in_pieces)
   }
   TANDEM_CHECK(false, "reduce op ", to_string(op), " reached the mpi backend");
+}
+
+// An average divides floating-point values before the sum (as the communicator base would, keeping a sum of
+// large values in range) and integers after it, truncating.
+bool divides_before_sum(const torch::Tensor& tensor) { return tensor.is_floating_point(); }
+
+// On the MPI thread. Open MPI's shared-memory all-reduce slows several-fold past ~8 MB (measured: 3.8 GB/s at
+// 8 MB, 0.7 GB/s at 64 MB on one host), so a large tensor goes in pieces that stay fast; that also keeps each
+// call's count within MPI's int. An average divides each piece right before (or after) MPI moves it, while it
+// is in cache, where a division of the whole tensor first would be one more pass over memory on the caller's
+// thread.
+void all_reduce_in_pieces(torch::Tensor& buffer, MPI_Datatype type, ReduceOp op, int world_size, MPI_Comm comm) {
+  const int64_t count = buffer.numel();
+  const int64_t chunk = std::max<int64_t>(1, kAllreduceChunkBytes / buffer.element_size());
+  const bool average = op == ReduceOp::Avg;
+  const bool divide_first = divides_before_sum(buffer);
+  torch::Tensor flat = buffer.view({-1});
+  for (int64_t done = 0; done < count; done += chunk) {
+    torch::Tensor piece = flat.narrow(0, done, std::min(chunk, count - done));
+    if (average && divide_first) piece.div_(world_size);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece.data_ptr(), static_cast<int>(piece.numel()), type, to_mpi(op), comm),
+              "MPI_Allreduce");
+    if (average && !divide_first) piece.div_(world_size, "trunc");
+  }
 }
 
 // Reductions need MPI to know the element type; copies (broadcast, all_gather) move bytes and take any dtype.
@@ -82,7 +106,7 @@ void check_started_by_mpi_launcher(const RankLayout& layout, const EnvLookup& en
 
 MpiCommunicator::MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout, StorePtr store)
     : Communicator("mpi", std::move(store), layout.rank, layout.world_size, timeout,
-                   Capabilities{/*average=*/false, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCPU}) {
+                   Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCPU}) {
   check_started_by_mpi_launcher(layout);
   runtime_ = MpiRuntime::instance();
   group_ = std::make_shared<MpiGroup>();
@@ -120,22 +144,10 @@ MpiCommunicator::~MpiCommunicator() {
 WorkPtr MpiCommunicator::start_all_reduce(torch::Tensor& tensor, ReduceOp op) {
   const std::string operation = "all_reduce(" + to_string(op) + ")";
   MPI_Datatype type = reduction_type(tensor, operation);
-  MPI_Op mpi_op = to_mpi(op);
   torch::Tensor buffer = tensor.contiguous();
   return start_on_mpi_thread(runtime_, group_, timeout(), operation,
-                             [tensor, buffer, type, mpi_op](MPI_Comm comm) mutable {
-                               // Open MPI's shared-memory all-reduce slows several-fold past ~8 MB (measured:
-                               // 3.8 GB/s at 8 MB, 0.7 GB/s at 64 MB on one host), so large tensors go in
-                               // pieces that stay fast; that also keeps each call's count within MPI's int.
-                               const int64_t count = buffer.numel();
-                               const int64_t chunk = std::max<int64_t>(1, kAllreduceChunkBytes / buffer.element_size());
-                               auto* bytes = static_cast<char*>(buffer.data_ptr());
-                               for (int64_t done = 0; done < count; done += chunk) {
-                                 const int64_t piece = std::min(chunk, count - done);
-                                 check_mpi(MPI_Allreduce(MPI_IN_PLACE, bytes + done * buffer.element_size(),
-                                                         static_cast<int>(piece), type, mpi_op, comm),
-                                           "MPI_Allreduce");
-                               }
+                             [tensor, buffer, type, op, world = world_size()](MPI_Comm comm) mutable {
+                               all_reduce_in_pieces(buffer, type, op, world, comm);
                                if (!buffer.is_same(tensor)) tensor.copy_(buffer);
                              });
 }
@@ -177,15 +189,19 @@ WorkPtr MpiCommunicator::start_reduce_scatter(torch::Tensor& output, const torch
   mpi_count(input.numel(), operation);
   const int count = mpi_count(output.numel(), operation);
   MPI_Op mpi_op = to_mpi(op);
-  torch::Tensor send = input.contiguous();
+  const bool average = op == ReduceOp::Avg;
+  // The caller's input is read-only: an average that divides first divides a copy.
+  torch::Tensor send = average && divides_before_sum(input) ? input.div(world_size()) : input.contiguous();
+  const bool divide_result = average && !divides_before_sum(input);
   torch::Tensor receive = output.contiguous();
-  return start_on_mpi_thread(runtime_, group_, timeout(), operation,
-                             [output, send, receive, type, count, mpi_op](MPI_Comm comm) mutable {
-                               check_mpi(MPI_Reduce_scatter_block(send.data_ptr(), receive.data_ptr(), count, type,
-                                                                  mpi_op, comm),
-                                         "MPI_Reduce_scatter_block");
-                               if (!receive.is_same(output)) output.copy_(receive);
-                             });
+  return start_on_mpi_thread(
+      runtime_, group_, timeout(), operation,
+      [output, send, receive, type, count, mpi_op, divide_result, world = world_size()](MPI_Comm comm) mutable {
+        check_mpi(MPI_Reduce_scatter_block(send.data_ptr(), receive.data_ptr(), count, type, mpi_op, comm),
+                  "MPI_Reduce_scatter_block");
+        if (divide_result) receive.div_(world, "trunc");
+        if (!receive.is_same(output)) output.copy_(receive);
+      });
 }
 
 WorkPtr MpiCommunicator::start_barrier() {
