@@ -17,6 +17,7 @@
 #include "tandem/util/compat.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
+#include "tandem/util/heap_retention.h"
 
 namespace tandem::bench {
 namespace {
@@ -72,6 +73,9 @@ double median_of(std::vector<double> values) {
 }
 
 TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator) {
+  // DDP on the host keeps freed memory in the process; the independent and DataParallel runs it is compared
+  // with do the same, so that scaling measures DDP, not the allocator.
+  retain_freed_heap_memory();
   const int world = communicator ? communicator->world_size() : 1;
   const int rank = communicator ? communicator->rank() : 0;
   const auto& replica_devices = options.data_parallel_devices;

@@ -9,6 +9,7 @@
 #include "bucket_plan.h"
 #include "ddp_options_check.h"
 #include "tandem/util/error.h"
+#include "tandem/util/heap_retention.h"
 #include "unused_parameter_error.h"
 
 namespace tandem::ddp {
@@ -36,6 +37,8 @@ Reducer::Reducer(const torch::OrderedDict<std::string, torch::Tensor>& parameter
   }
   layouts_ = plan_buckets(options_, trainable, nullptr);
   if (world_size_ == 1) return;  // nothing to agree on or reduce: no hooks, no buffers, no cost
+  // Each step's gradients, bucket copies and all-reduce then reuse mapped pages (util/heap_retention.h).
+  if (communicator_->device().is_cpu()) retain_freed_heap_memory();
 
   verify_replicas_match(*communicator_, parameters, buffers, describe_ddp_options(options_));
   if (adapt_caps_to_host(options_, *communicator_)) layouts_ = plan_buckets(options_, trainable, nullptr);
