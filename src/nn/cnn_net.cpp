@@ -9,7 +9,10 @@
 namespace tandem::nn {
 
 namespace {
-torch::nn::Conv2dOptions conv5x5(int64_t in, int64_t out) { return torch::nn::Conv2dOptions(in, out, 5).stride(1).padding(1); }
+constexpr int64_t kConvPadding = 1;
+torch::nn::Conv2dOptions conv5x5(int64_t in, int64_t out) {
+  return torch::nn::Conv2dOptions(in, out, 5).stride(1).padding(kConvPadding);
+}
 torch::nn::MaxPool2dOptions pool2x2() { return torch::nn::MaxPool2dOptions(2).stride(2).padding(1); }
 }  // namespace
 
@@ -48,18 +51,47 @@ void CnnNetImpl::reset() {
   output_ = register_module("output", torch::nn::Linear(options_.fc2_features, options_.num_classes));
 }
 
+// On the CPU the layers run as oneDNN convolutions on channels-last (NHWC) tensors, which LibTorch 1.13 hands to
+// oneDNN as they are; an NCHW tensor is reordered into oneDNN's blocked layout and back at every call, and its
+// max-pool has no vectorised kernel. The weights stay NCHW parameters (checkpoints, DDP's buckets and the
+// optimizer see what they always saw): each call converts a copy, a few thousand floats, inside autograd.
+// The classifier runs as convolutions too: fc1 covers the whole feature map, so it is a convolution with fc1's
+// weight viewed as [out, channels, side, side], and fc2 and output are 1x1 convolutions. The sums are the
+// same as Linear's; oneDNN computes them several times faster than the reference BLAS that Debian's LibTorch
+// uses for matrix products (docs/benchmarks.md). On a GPU the layers are called as written: cuDNN and cuBLAS
+// choose their own layouts.
 torch::Tensor CnnNetImpl::forward(torch::Tensor x) {
+  const bool on_cpu = x.is_cpu();
   // Norm layers are looked up by name at each call, so that convert_sync_batchnorm's swap counts.
   const auto normalised = [&](const char* name, const torch::Tensor& y) {
     return options_.batch_norm ? forward_batch_norm(*named_children()[name], y) : y;
   };
-  x = pool1_(torch::relu(normalised("bn1", conv1_(x))));
-  x = pool2_(torch::relu(normalised("bn2", conv2_(x))));
-  x = torch::relu(normalised("bn3", conv3_(x)));
-  x = x.flatten(1);
-  x = torch::relu(fc1_(x));
-  x = torch::relu(fc2_(x));
-  return output_(x);
+  const auto convolved = [&](torch::nn::Conv2d& conv, const torch::Tensor& input) {
+    if (!on_cpu) return conv(input);
+    const torch::Tensor& w = conv->weight;
+    return torch::conv2d(input, w.to(w.options(), false, false, torch::MemoryFormat::ChannelsLast), conv->bias,
+                         /*stride=*/1, kConvPadding);
+  };
+  // Max-pooling commutes with ReLU (both are monotone, and ties keep the same element), so the ReLU runs on the
+  // pooled map, a quarter of the size, in place: the pool's backward needs its indices, not its output.
+  x = pool1_(normalised("bn1", convolved(conv1_, x))).relu_();
+  x = pool2_(normalised("bn2", convolved(conv2_, x))).relu_();
+  // A BatchNorm's backward may keep its output, so only a convolution's output is overwritten.
+  x = normalised("bn3", convolved(conv3_, x));
+  x = options_.batch_norm ? torch::relu(x) : x.relu_();
+  if (!on_cpu) {
+    x = x.flatten(1);
+    x = torch::relu(fc1_(x));
+    x = torch::relu(fc2_(x));
+    return output_(x);
+  }
+  const auto fully_connected = [](const torch::nn::Linear& layer, const torch::Tensor& input) {
+    const torch::Tensor& w = layer->weight;
+    return torch::conv2d(input, w.view({w.size(0), input.size(1), input.size(2), input.size(3)}), layer->bias);
+  };
+  x = fully_connected(fc1_, x).relu_();
+  x = fully_connected(fc2_, x).relu_();
+  return fully_connected(output_, x).flatten(1);
 }
 
 namespace {
