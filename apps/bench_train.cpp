@@ -1,6 +1,7 @@
 // `tandem bench train`: training steps per second at each world size, DDP against independent processes and
 // DataParallel, and against PyTorch's DDP; it starts its own processes (bench/train_driver.h).
 //   tandem bench train [--backend mpi] [--compare pytorch]
+//   tandem bench train --end-to-end [--rounds R]: the main job as a user runs it, vs a lean PyTorch script
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -16,6 +17,7 @@
 #include "apps/bench_flag_checks.h"
 #include "apps/flag_checks.h"
 #include "apps/model_flag.h"
+#include "bench/end_to_end.h"
 #include "bench/train_driver.h"
 #include "tandem/comm/backend.h"
 #include "tandem/ddp/named_comm_hook.h"
@@ -36,7 +38,41 @@ struct BenchTrainFlags {
   // Flags that only matter beside another one; given without it, they are refused rather than ignored.
   const CLI::Option* pytorch_script = nullptr;
   std::vector<const CLI::Option*> powersgd;
+  // --end-to-end times whole runs of the main job (bench/end_to_end.h) and reads only the flags named in
+  // end_to_end_reads; its step counts have defaults of their own.
+  bool end_to_end = false;
+  bench::EndToEndOptions end_to_end_options;
+  const CLI::Option* short_steps = nullptr;
 };
+
+// The flags --end-to-end reads; any other given beside it is refused rather than ignored.
+bool end_to_end_reads(const std::string& name) {
+  for (const char* read : {"--end-to-end", "--steps", "--short-steps", "--rounds", "--batch-size", "--threads",
+                           "--json", "--pytorch-script"}) {
+    if (name == read) return true;
+  }
+  return false;
+}
+
+int run_end_to_end(BenchTrainFlags& flags, const CLI::App& command) {
+  for (const CLI::Option* option : command.get_options()) {
+    if (option->count() > 0 && !end_to_end_reads(option->get_name())) {
+      throw InvalidArgument(fmt::format("{} is not read with --end-to-end, which runs tandem train's defaults; drop {}",
+                                        option->get_name(), option->get_name()));
+    }
+  }
+  bench::EndToEndOptions& o = flags.end_to_end_options;
+  const bench::TrainDriverOptions& d = flags.driver;
+  if (command.count("--steps") > 0) o.steps = d.bench.steps;
+  if (command.count("--batch-size") > 0) o.batch_size = d.bench.batch_size;
+  if (command.count("--pytorch-script") > 0) o.pytorch_script = d.pytorch_script;
+  o.rounds = d.rounds;
+  o.threads = d.threads;
+  o.json_path = d.json_path;
+  o.program = std::filesystem::read_symlink("/proc/self/exe").string();
+  bench::run_end_to_end(o);
+  return 0;
+}
 
 // How the driver starts a worker: this program's `bench train` with the flags that shape the measurement.
 std::string worker_arguments(const bench::TrainDriverOptions& d, const std::string& mode, int replicas,
@@ -64,7 +100,11 @@ void refuse_flags_without_effect(const BenchTrainFlags& flags) {
   }
 }
 
-int run_bench_train(BenchTrainFlags& flags) {
+int run_bench_train(BenchTrainFlags& flags, const CLI::App& command) {
+  if (flags.end_to_end) return run_end_to_end(flags, command);
+  if (flags.short_steps->count() > 0) {
+    throw InvalidArgument("--short-steps is only read with --end-to-end; add that or drop --short-steps");
+  }
   bench::TrainDriverOptions& d = flags.driver;
   d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
   if (!flags.worker_mode.empty()) {
@@ -168,6 +208,17 @@ const BenchCommandRegistration kBenchTrain{
                             "--compare pytorch: the PyTorch side script")
               ->capture_default_str();
       train->add_option("--json", train_flags->driver.json_path, "Also write the results as JSON to this file");
+      train->add_flag("--end-to-end", train_flags->end_to_end,
+                      "Time the main job as a user runs it (tandem run --nproc-per-node 2 -- tandem train, every "
+                      "default on) against bench/pytorch_end_to_end.py, from whole runs of --steps (default 240) "
+                      "and --short-steps; reads only those, --rounds, --batch-size, --threads, --json and "
+                      "--pytorch-script");
+      train_flags->short_steps =
+          train->add_option("--short-steps", train_flags->end_to_end_options.short_steps,
+                            "--end-to-end: steps of the short run, whose wall time is subtracted from the long "
+                            "run's so that start-up cancels")
+              ->capture_default_str()
+              ->check(at_least<int64_t>(1));
       train->add_option("--worker", train_flags->worker_mode,
                         "(internal) run as a worker: ddp, independent or data-parallel")
           ->group("")
@@ -176,7 +227,7 @@ const BenchCommandRegistration kBenchTrain{
           ->group("")
           ->check(at_least<int>(1));
       train->add_option("--result", train_flags->result_path, "(internal) worker result file")->group("");
-      return [train_flags]() -> int { return run_bench_train(*train_flags); };
+      return [train_flags, train]() -> int { return run_bench_train(*train_flags, *train); };
     }};
 
 }  // namespace

@@ -98,6 +98,13 @@ std::vector<BadInput> bad_inputs() {
       {"TrainJsonInAMissingFolder", bench_train({"--json", "/nonexistent-dir/x.json"}),
        {"--json /nonexistent-dir/x.json", "folder /nonexistent-dir does not exist"}},
       {"TrainJsonIsAFolder", bench_train({"--json", "/"}), {"--json /: is a folder, not a file"}},
+      // bench train --end-to-end: tandem train's defaults, so the flags that shape other measurements are refused
+      {"TrainEndToEndWithAModel", bench_train({"--end-to-end", "--model", "resnet18"}),
+       {"--model is not read with --end-to-end", "drop --model"}},
+      {"TrainShortStepsWithoutEndToEnd", bench_train({"--short-steps", "3"}),
+       {"--short-steps is only read with --end-to-end"}},
+      {"TrainEndToEndShortStepsNotFewer", bench_train({"--end-to-end", "--steps", "10", "--short-steps", "10"}),
+       {"--short-steps 10 must be fewer than --steps 10"}},
       // bench overhead
       {"OverheadZeroSteps", bench_overhead({"--steps", "0"}), {"--steps", "from 1 to", "not 0"}},
       {"OverheadZeroRepeats", bench_overhead({"--repeats", "0"}), {"--repeats", "from 1 to", "not 0"}},
