@@ -4,37 +4,19 @@
 #include <exception>
 #include <filesystem>
 
-#include <sys/mman.h>
-
 #include "tandem/data/image.h"
+#include "tandem/data/image_batch_buffers.h"
 #include "tandem/data/seeded_random.h"
 #include "tandem/data/worker_pool.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fingerprint.h"
 
 namespace tandem::data {
-namespace image_folder_detail {
-namespace {
-
-// A batch of images at training sizes is tens of MB (38 MB for 64 at 224 px): too large for malloc to reuse, so
-// every batch is a fresh mapping whose 4 KiB pages the kernel faults in and zeroes one at a time as the decoding
-// threads write them, an eighth of the pipeline's time. Asking for transparent huge pages (where the kernel
-// grants them only on request, as Debian's does) makes that one fault per 2 MiB. Only advice: without it, or
-// where the kernel declines, the batch is the same.
-void advise_huge_pages(void* data, size_t bytes) {
-  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
-}  // namespace
-}  // namespace image_folder_detail
-
 ImageFolderDataset::ImageFolderDataset(std::vector<ImageSample> samples, ImageFolderOptions options)
     : samples_(std::move(samples)), options_(std::move(options)) {
   check_image_transform_options(options_.transform);
   pool_ = std::make_unique<WorkerPool>(std::max(0, options_.num_threads - 1));
+  batch_buffers_ = ImageBatchBuffers::create();
 }
 
 // Out of line: WorkerPool is complete only here.
@@ -77,9 +59,8 @@ torch::Tensor ImageFolderDataset::get_image(int64_t index) const {
 Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
   const int64_t count = static_cast<int64_t>(indices.size()), s = options_.transform.image_size;
   for (int64_t index : indices) check_index(index);
-  torch::Tensor data = torch::empty({count, 3, s, s}, torch::kFloat);
+  torch::Tensor data = batch_buffers_->take({count, 3, s, s});
   float* base = data.data_ptr<float>();
-  image_folder_detail::advise_huge_pages(base, data.nbytes());
   std::vector<std::exception_ptr> failures(static_cast<size_t>(count));
   pool_->parallel_for(count, [&](int64_t i) {
     try {

@@ -171,6 +171,27 @@ TEST(ImageFolder, BatchesAreNormalisedWithLabels) {
   EXPECT_THROW(dataset.get_batch({5}), InvalidArgument);
 }
 
+// Batches live in recycled buffers (image_batch_buffers.h): a batch still held keeps its values while later
+// ones are made, and a released batch's memory serves the next one.
+TEST(ImageFolder, HeldBatchesKeepTheirValuesAndReleasedOnesAreReused) {
+  TempDir dir;
+  make_folder(dir.path(), {{"a", 4}});
+  ImageFolderDataset dataset(read_split_data(dir.str(), 0.0).train, plain_options(6));
+  const Batch first = dataset.get_batch({0, 1});
+  const torch::Tensor expected = first.data.clone();
+  for (int i = 0; i < 4; ++i) dataset.get_batch({2, 3});
+  EXPECT_TRUE(torch::equal(first.data, expected)) << "a later batch overwrote one still held";
+
+  const void* memory = nullptr;
+  {
+    const Batch released = dataset.get_batch({2, 3});
+    memory = released.data.data_ptr();
+  }
+  const Batch next = dataset.get_batch({1, 2});
+  EXPECT_EQ(next.data.data_ptr(), memory);
+  EXPECT_TRUE(torch::equal(next.data[0], expected[1]));
+}
+
 TEST(ImageFolder, TrainingAugmentationIsReproducibleAcrossThreadCounts) {
   TempDir dir;
   make_folder(dir.path(), {{"a", 6}});

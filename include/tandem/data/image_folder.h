@@ -27,6 +27,7 @@ struct ImageFolderOptions {
 };
 
 class WorkerPool;
+class ImageBatchBuffers;
 
 class ImageFolderDataset : public Dataset {
  public:
@@ -61,6 +62,8 @@ class ImageFolderDataset : public Dataset {
   std::vector<ImageSample> samples_;
   ImageFolderOptions options_;
   std::unique_ptr<WorkerPool> pool_;
+  // Where get_batch's tensors live (image_batch_buffers.h).
+  std::shared_ptr<ImageBatchBuffers> batch_buffers_;
   std::atomic<int64_t> epoch_{0};
   mutable std::atomic<int64_t> skipped_{0};
 };
