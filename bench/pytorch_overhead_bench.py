@@ -91,9 +91,13 @@ def worker(rank, args, port, results):
         repeats.append(slowest((time.perf_counter() - begin) * 1e6 / args.steps, distributed))
     allreduce_us = allreduce_latency_us(sum(p.numel() for p in model.parameters())) if distributed else 0.0
     if rank == 0:
-        results.put({"repeats": repeats, "allreduce_us": allreduce_us})
+        results.put({"repeats": repeats, "allreduce_us": allreduce_us})  # written to the pipe before put returns
     if distributed:
-        dist.destroy_process_group()
+        # PyTorch 1.13's destroy_process_group (or the process group's destructor at exit) can deadlock here: it
+        # joins ProcessGroupGloo's worker threads while holding the GIL, and a worker finishing a future waits for
+        # the GIL (seen in gdb, about one run in ten). The result is sent, so the worker leaves without tearing down.
+        dist.barrier()
+        os._exit(0)
 
 
 def whole_number_from(minimum):
