@@ -201,9 +201,13 @@ def worker(rank, args, port, results):
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         repeats.append(elapsed.item() * 1000.0 / args.steps)
     if rank == 0:
-        results.put({"repeats": repeats, "data": source})
+        results.put({"repeats": repeats, "data": source})  # written to the pipe before put returns
     if distributed:
-        dist.destroy_process_group()
+        # PyTorch 1.13's destroy_process_group can deadlock: it joins ProcessGroupGloo's worker threads while
+        # holding the GIL that a worker finishing a future waits for (about one run in ten). The result is sent,
+        # so the worker leaves without tearing down.
+        dist.barrier()
+        os._exit(0)
 
 
 def whole_number_from(minimum):

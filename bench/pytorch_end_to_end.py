@@ -61,8 +61,11 @@ def worker(rank, args, port):
             step += 1
         epoch += 1
     if rank == 0:
-        print(f"step {step} loss {loss_value:.4f}")
-    dist.destroy_process_group()
+        print(f"step {step} loss {loss_value:.4f}", flush=True)
+    # PyTorch 1.13's destroy_process_group can deadlock (pytorch_ddp_bench.py says how); every rank is done once
+    # all have reached the barrier, so each leaves without tearing the group down.
+    dist.barrier()
+    os._exit(0)
 
 
 def main():
