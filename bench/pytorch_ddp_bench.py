@@ -20,9 +20,7 @@ environment that `scripts/build --libtorch pypi` makes (.venv/bin/python); insta
 import argparse
 import gzip
 import json
-import math
 import os
-import socket
 import statistics
 import struct
 import sys
@@ -31,11 +29,12 @@ import time
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     from torch.nn.parallel import DistributedDataParallel
 except ImportError:
     sys.exit("pytorch_ddp_bench.py: error: this Python has no torch; run it with Debian's /usr/bin/python3 after "
              "apt-get install -y python3-torch")
+
+from pytorch_ranks import leave_process_group, positive_real, run_ranks, whole_number_from
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
@@ -203,35 +202,7 @@ def worker(rank, args, port, results):
     if rank == 0:
         results.put({"repeats": repeats, "data": source})  # written to the pipe before put returns
     if distributed:
-        # PyTorch 1.13's destroy_process_group can deadlock: it joins ProcessGroupGloo's worker threads while
-        # holding the GIL that a worker finishing a future waits for (about one run in ten). The result is sent,
-        # so the worker leaves without tearing down.
-        dist.barrier()
-        os._exit(0)
-
-
-def whole_number_from(minimum):
-    """An argparse type: a whole number of at least `minimum`, refused with one line that says so."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text}")
-        return value
-    return parse
-
-
-def positive_real(text):
-    """An argparse type: a finite real above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number greater than 0, not {text}")
-    return value
+        leave_process_group()
 
 
 def main():
@@ -261,27 +232,7 @@ def main():
     parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
     args = parser.parse_args()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.SimpleQueue()
-    processes = [context.Process(target=worker, args=(rank, args, port, results)) for rank in range(args.nproc)]
-    for p in processes:
-        p.start()
-    # A hung rank must fail the bench, not stall it: join against one deadline, then stop whatever is left.
-    end = time.monotonic() + args.deadline
-    for p in processes:
-        p.join(max(0.0, end - time.monotonic()))
-    hung = [rank for rank, p in enumerate(processes) if p.is_alive()]
-    for rank in hung:
-        processes[rank].kill()
-        processes[rank].join()
-    if hung:
-        sys.exit(f"pytorch_ddp_bench.py: error: rank(s) {hung} still running after {args.deadline:.0f} s; stopped them")
-    failed = [rank for rank, p in enumerate(processes) if p.exitcode != 0]
-    if failed:
-        sys.exit(f"pytorch_ddp_bench.py: error: rank(s) {failed} failed")
+    results = run_ranks("pytorch_ddp_bench.py", worker, args.nproc, args, args.deadline)
     result = results.get()
     repeats = result["repeats"]
     median = statistics.median(repeats)

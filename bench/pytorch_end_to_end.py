@@ -15,17 +15,15 @@ and data loading cancel; this script prints only rank 0's last loss.
 """
 import argparse
 import os
-import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The same CNN and IDX reader as the per-step comparison, so that both benches time one model.
-from pytorch_ddp_bench import CNNNet, FASHION_MNIST, MEAN, STD, read_idx, whole_number_from, positive_real  # noqa: E402
+from pytorch_ddp_bench import CNNNet, FASHION_MNIST, MEAN, STD, read_idx  # noqa: E402
+from pytorch_ranks import leave_process_group, positive_real, run_ranks, whole_number_from  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 
@@ -35,7 +33,7 @@ def load_training_set(data_dir):
     return images.float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1), labels.long()
 
 
-def worker(rank, args, port):
+def worker(rank, args, port, _results):
     torch.set_num_threads(args.threads)
     world = args.nproc
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -62,10 +60,7 @@ def worker(rank, args, port):
         epoch += 1
     if rank == 0:
         print(f"step {step} loss {loss_value:.4f}", flush=True)
-    # PyTorch 1.13's destroy_process_group can deadlock (pytorch_ddp_bench.py says how); every rank is done once
-    # all have reached the barrier, so each leaves without tearing the group down.
-    dist.barrier()
-    os._exit(0)
+    leave_process_group()
 
 
 def main():
@@ -83,26 +78,7 @@ def main():
     if not os.path.exists(os.path.join(args.data, "train-images-idx3-ubyte.gz")):
         sys.exit(f"pytorch_end_to_end.py: error: no train-images-idx3-ubyte.gz in {args.data}; pass --data DIR")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    processes = [context.Process(target=worker, args=(rank, args, port)) for rank in range(args.nproc)]
-    for p in processes:
-        p.start()
-    # A hung rank must fail the bench, not stall it: join against one deadline, then stop whatever is left.
-    end = time.monotonic() + args.deadline
-    for p in processes:
-        p.join(max(0.0, end - time.monotonic()))
-    hung = [rank for rank, p in enumerate(processes) if p.is_alive()]
-    for rank in hung:
-        processes[rank].kill()
-        processes[rank].join()
-    if hung:
-        sys.exit(f"pytorch_end_to_end.py: error: rank(s) {hung} still running after {args.deadline:.0f} s; stopped them")
-    failed = [rank for rank, p in enumerate(processes) if p.exitcode != 0]
-    if failed:
-        sys.exit(f"pytorch_end_to_end.py: error: rank(s) {failed} failed")
+    run_ranks("pytorch_end_to_end.py", worker, args.nproc, args, args.deadline)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Needs Debian's python3-torch (apt-get install -y python3-torch); installs nothin
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -26,11 +25,12 @@ import time
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     from torch.nn.parallel import DistributedDataParallel
 except ImportError:
     sys.exit("pytorch_overhead_bench.py: error: this Python has no torch; run it with Debian's /usr/bin/python3 "
              "after apt-get install -y python3-torch")
+
+from pytorch_ranks import leave_process_group, run_ranks, whole_number_from
 
 INPUTS, HIDDEN, CLASSES = 32, 32, 10
 BATCHES = 4  # the steps cycle through a few batches made before timing, as tandem's side does
@@ -93,51 +93,13 @@ def worker(rank, args, port, results):
     if rank == 0:
         results.put({"repeats": repeats, "allreduce_us": allreduce_us})  # written to the pipe before put returns
     if distributed:
-        # PyTorch 1.13's destroy_process_group (or the process group's destructor at exit) can deadlock here: it
-        # joins ProcessGroupGloo's worker threads while holding the GIL, and a worker finishing a future waits for
-        # the GIL (seen in gdb, about one run in ten). The result is sent, so the worker leaves without tearing down.
-        dist.barrier()
-        os._exit(0)
-
-
-def whole_number_from(minimum):
-    """An argparse type: a whole number of at least `minimum`, refused with one line that says so."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text}")
-        return value
-    return parse
+        leave_process_group()
 
 
 def run(args):
     """Runs the workers (one for --mode plain) and returns rank 0's result; exits with one line on a failure."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.SimpleQueue()
     world = args.nproc if args.mode == "ddp" else 1
-    processes = [context.Process(target=worker, args=(rank, args, port, results)) for rank in range(world)]
-    for p in processes:
-        p.start()
-    # A hung rank must fail the bench, not stall it: join against one deadline, then stop whatever is left.
-    end = time.monotonic() + args.deadline
-    for p in processes:
-        p.join(max(0.0, end - time.monotonic()))
-    hung = [rank for rank, p in enumerate(processes) if p.is_alive()]
-    for rank in hung:
-        processes[rank].kill()
-        processes[rank].join()
-    if hung:
-        sys.exit(f"pytorch_overhead_bench.py: error: rank(s) {hung} still running after {args.deadline} s; stopped them")
-    failed = [rank for rank, p in enumerate(processes) if p.exitcode != 0]
-    if failed:
-        sys.exit(f"pytorch_overhead_bench.py: error: rank(s) {failed} failed")
-    return results.get()
+    return run_ranks("pytorch_overhead_bench.py", worker, world, args, args.deadline).get()
 
 
 def main():
