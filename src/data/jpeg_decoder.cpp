@@ -2,6 +2,7 @@
 
 #include <turbojpeg.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,13 @@ tjhandle thread_decompressor() {
   throw InvalidArgument(std::string("corrupt JPEG: ") + tjGetErrorStr2(decompressor));
 }
 
+// libjpeg's JWRN_EXTRANEOUS_DATA, the one warning that says the file holds bytes too many rather than too few;
+// TurboJPEG reports only the message of the last warning.
+bool warned_only_of_stray_bytes(tjhandle decompressor) {
+  return tjGetErrorCode(decompressor) == TJERR_WARNING &&
+         std::strstr(tjGetErrorStr2(decompressor), "extraneous bytes before marker") != nullptr;
+}
+
 struct Header {
   int width = 0, height = 0, colorspace = 0;
 };
@@ -32,8 +40,11 @@ struct Header {
 Header read_header(tjhandle decompressor, const uint8_t* bytes, size_t size) {
   Header header;
   int subsampling = 0;
+  // Stray bytes before the start of scan are met while the header is read: a warning, after which the header
+  // is complete.
   if (tjDecompressHeader3(decompressor, bytes, static_cast<unsigned long>(size), &header.width, &header.height,
-                          &subsampling, &header.colorspace) != 0) {
+                          &subsampling, &header.colorspace) != 0 &&
+      !(warned_only_of_stray_bytes(decompressor) && header.width > 0 && header.height > 0)) {
     refuse(decompressor);
   }
   return header;
@@ -82,11 +93,17 @@ Image decode_jpeg(const uint8_t* bytes, size_t size, int reduction) {
   // libjpeg converts only colour to colour and gray to either; four-channel files come out as stored.
   const bool cmyk = header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK;
   std::vector<uint8_t> pixels(static_cast<size_t>(image.width) * image.height * (cmyk ? 4 : 3));
-  // STOPONWARNING: a truncated file or corrupt data is a warning to libjpeg, which would go on and fill the rest
-  // with gray; a training set should not learn from that, so the image is refused like any unreadable one.
-  if (tjDecompress2(decompressor, bytes, static_cast<unsigned long>(size), pixels.data(), image.width, 0,
-                    image.height, cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
-    refuse(decompressor);
+  const auto decompress = [&](int flags) {
+    return tjDecompress2(decompressor, bytes, static_cast<unsigned long>(size), pixels.data(), image.width, 0,
+                         image.height, cmyk ? TJPF_CMYK : TJPF_RGB, flags);
+  };
+  // A truncated file or corrupt data is a warning to libjpeg, which would go on and fill the rest with gray; a
+  // training set should not learn from that, so the first warning stops the decode and the image is refused like
+  // any unreadable one. Stray bytes before a marker lose no pixel, and PIL (so torchvision) loads such files,
+  // common in photo collections: those are decoded again to the end and kept if nothing worse was met.
+  if (decompress(TJFLAG_STOPONWARNING) != 0) {
+    if (!warned_only_of_stray_bytes(decompressor)) refuse(decompressor);
+    if (decompress(0) != 0 && !warned_only_of_stray_bytes(decompressor)) refuse(decompressor);
   }
   image.pixels = cmyk ? cmyk_to_rgb(pixels) : std::move(pixels);
   return image;

@@ -138,6 +138,20 @@ TEST(JpegDecoder, TruncatedAndDamagedFilesAreRefusedNamingTheFile) {
   }
 }
 
+TEST(JpegDecoder, StrayBytesBeforeAMarkerLoseNoPixelAndAreKept) {
+  const testing::ScratchDir dir;
+  std::vector<uint8_t> bytes = read_bytes(fixture("photo.jpg"));
+  // Three bytes between the last table and the start of scan, where libjpeg skips them with a warning.
+  const std::vector<uint8_t> start_of_scan = {0xff, 0xda};
+  const auto at = std::search(bytes.begin(), bytes.end(), start_of_scan.begin(), start_of_scan.end());
+  ASSERT_NE(at, bytes.end());
+  bytes.insert(at, {0x00, 0x2a, 0x00});
+  const fs::path path = fs::path(dir.path()) / "stray.jpg";
+  write_bytes(path, bytes);
+  const Image image = read_image(path.string());
+  EXPECT_EQ(largest_difference(image, "photo.rgb"), 0);
+}
+
 TEST(JpegDecoder, ImageFolderSkipsAndCountsTruncatedJpegs) {
   const testing::ScratchDir dir;
   const std::vector<uint8_t> bytes = read_bytes(fixture("photo.jpg"));
