@@ -1,5 +1,7 @@
 #include "tandem/util/heap_retention.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #if defined(__GLIBC__)
@@ -17,6 +19,15 @@ constexpr int kMmapThresholdBytes = 256 << 20;
 constexpr int kTrimThresholdBytes = 1 << 30;
 // Each time the heap grows, it grows by this much more, so that a step's growth is one system call.
 constexpr int kTopPadBytes = 256 << 20;
+
+// A user who tuned glibc's malloc through its environment made the choice this would override.
+bool malloc_tuned_by_environment() {
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  return tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr;
+}
 #endif
 
 }  // namespace
@@ -25,6 +36,7 @@ void retain_freed_heap_memory() {
 #if defined(__GLIBC__)
   static std::once_flag once;
   std::call_once(once, [] {
+    if (malloc_tuned_by_environment()) return;
     mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
     mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes);
     mallopt(M_TOP_PAD, kTopPadBytes);

@@ -11,7 +11,8 @@
 namespace tandem {
 
 // Sets glibc's malloc to keep freed memory (mallopt: a high mmap threshold, no trimming, a top pad), once per
-// process; later calls do nothing. No effect with another C library. Call it before the first step; memory
+// process; later calls do nothing. No effect with another C library, nor where the user tuned malloc through its
+// environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ or glibc.malloc tunables). Call it before the first step; memory
 // already mapped keeps its old rules.
 void retain_freed_heap_memory();
 
