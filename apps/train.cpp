@@ -2,6 +2,7 @@
 // option structs; the program is apps/program/training_program.h. Launch it once per rank, e.g.
 //   tandem run --nproc-per-node 2 -- tandem train --epochs 10
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #include "bench/overhead_driver.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
