@@ -59,17 +59,23 @@ inline CLI::Validator bench_memcpy_size() {
       "");
 }
 
-inline CLI::Validator bench_world_sizes() {
+// A flag whose own parser says what is wrong: its message is the refusal.
+template <typename Parse>
+CLI::Validator refused_by_parser(Parse parse) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [parse](std::string& text) -> std::string {
         try {
-          bench::parse_world_sizes(text);
+          parse(text);
           return {};
-        } catch (const InvalidArgument& error) {
+        } catch (const Error& error) {
           return error.what();
         }
       },
       "");
+}
+
+inline CLI::Validator bench_world_sizes() {
+  return refused_by_parser([](const std::string& text) { bench::parse_world_sizes(text); });
 }
 
 }  // namespace tandem::app

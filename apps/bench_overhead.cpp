@@ -36,20 +36,6 @@ std::string overhead_worker_arguments(const bench::OverheadBenchOptions& b, cons
                      mode, backend, b.batch_size, b.steps, b.repeats, b.warmup, result_path);
 }
 
-// --backends: parse_overhead_backends()'s grammar, checked as the command line is read.
-CLI::Validator overhead_backends() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          bench::parse_overhead_backends(text);
-          return {};
-        } catch (const Error& error) {
-          return error.what();
-        }
-      },
-      "");
-}
-
 int run_bench_overhead(BenchOverheadFlags& flags) {
   bench::OverheadDriverOptions& d = flags.driver;
   if (!flags.worker_mode.empty()) {
@@ -82,7 +68,7 @@ const BenchCommandRegistration kBenchOverhead{
       overhead->add_option("--backends", flags->backends,
                            "Backends of tandem's DDP rows: gloo, mpi or gloo,mpi (default: gloo, and mpi where this "
                            "build has it and mpirun is on PATH); PyTorch's DDP always runs over gloo")
-          ->check(overhead_backends());
+          ->check(refused_by_parser([](const std::string& text) { bench::parse_overhead_backends(text); }));
       overhead->add_option("--batch-size", b.batch_size, "Samples per process per step")
           ->capture_default_str()
           ->check(between<int>(1, 1 << 20));
