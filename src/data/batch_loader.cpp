@@ -60,15 +60,13 @@ Batch BatchLoader::load(const IndexBatch& index_batch) const {
   return batch;
 }
 
-void BatchLoader::start_epoch(int64_t epoch, int64_t first_batch) {
-  if (first_batch < 0) throw InvalidArgument(detail::concat("BatchLoader: first_batch must be >= 0, got ", first_batch));
+void BatchLoader::start_epoch(int64_t epoch, int64_t first_position) {
   stop_worker();
-  sampler_.set_epoch(epoch);
+  sampler_.set_epoch(epoch, first_position);
   epoch_started_ = true;
   epoch_done_ = false;
   wait_seconds_ = 0.0;
   std::vector<IndexBatch> batches = sampler_.batches();
-  batches.erase(batches.begin(), batches.begin() + std::min<int64_t>(first_batch, batches.size()));
   if (options_.prefetch_batches == 0) {
     sync_batches_ = std::move(batches);
     sync_position_ = 0;

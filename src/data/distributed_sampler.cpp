@@ -22,23 +22,37 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, DistributedSamplerO
     throw InvalidArgument(detail::concat("DistributedSampler: rank ", options_.rank, " is outside [0, ", world - 1,
                                          "] for num_replicas ", world));
   }
-  // PyTorch: ceil(n / W) with padding; with drop_last and a remainder, ceil((n - W) / W), which is floor(n / W).
   if (options_.drop_last && options_.uneven) {
     throw InvalidArgument("DistributedSampler: drop_last and uneven exclude each other (uneven keeps every sample)");
   }
-  // Rank r's position j holds global position r + j*W, which is real while it is < n.
-  const int64_t real_positions = std::max<int64_t>(0, (dataset_size - options_.rank + world - 1) / world);
+  count_samples();
+}
+
+void DistributedSampler::count_samples() {
+  const int64_t world = options_.num_replicas;
+  const int64_t remaining = dataset_size_ - first_position_;
+  // PyTorch: ceil(n / W) with padding; with drop_last and a remainder, ceil((n - W) / W), which is floor(n / W).
+  // Rank r's entry j holds global position P + r + j*W, which is real while it is < n.
+  const int64_t real_positions = std::max<int64_t>(0, (remaining - options_.rank + world - 1) / world);
   if (options_.uneven) {
     num_samples_ = real_positions;
   } else if (options_.drop_last) {
-    num_samples_ = dataset_size / world;
+    num_samples_ = remaining / world;
   } else {
-    num_samples_ = (dataset_size + world - 1) / world;
+    num_samples_ = (remaining + world - 1) / world;
   }
   real_count_ = std::min(num_samples_, real_positions);
 }
 
-void DistributedSampler::set_epoch(int64_t epoch) { epoch_ = epoch; }
+void DistributedSampler::set_epoch(int64_t epoch, int64_t first_position) {
+  if (first_position < 0 || first_position > dataset_size_) {
+    throw InvalidArgument(detail::concat("DistributedSampler: an epoch's first position must be in [0, ",
+                                         dataset_size_, "], got ", first_position));
+  }
+  epoch_ = epoch;
+  first_position_ = first_position;
+  count_samples();
+}
 
 bool DistributedSampler::is_padding(int64_t position) const {
   TANDEM_CHECK(position >= 0 && position < num_samples_, "position ", position, " outside [0, ", num_samples_, ")");
@@ -60,7 +74,9 @@ std::vector<int64_t> DistributedSampler::global_indices() const {
   const int64_t total = total_size();
   std::vector<int64_t> padded(static_cast<size_t>(total));
   // Padding repeats the order from its start, cyclically when it is longer than n; drop_last cuts (total <= n).
-  for (int64_t p = 0; p < total; ++p) padded[static_cast<size_t>(p)] = order[static_cast<size_t>(p % n)];
+  for (int64_t p = 0; p < total; ++p) {
+    padded[static_cast<size_t>(p)] = order[static_cast<size_t>((first_position_ + p) % n)];
+  }
   return padded;
 }
 

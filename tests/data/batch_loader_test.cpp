@@ -138,7 +138,8 @@ TEST(BatchLoader, PrefetchRunsAheadButStaysBounded) {
   EXPECT_EQ(probe->max_ahead(), capacity);
 }
 
-TEST(BatchLoader, StartingAtABatchSkipsTheEarlierOnesWithoutLoadingThem) {
+// Two batches of 4 on each of 2 ranks are the order's first 16 positions.
+TEST(BatchLoader, StartingAtAPositionSkipsTheEarlierBatchesWithoutLoadingThem) {
   const int64_t n = 40, world = 2;
   for (int64_t prefetch : {0, 2}) {
     auto probe = std::make_shared<ProbeDataset>(n);
@@ -150,7 +151,7 @@ TEST(BatchLoader, StartingAtABatchSkipsTheEarlierOnesWithoutLoadingThem) {
 
     auto resumed_probe = std::make_shared<ProbeDataset>(n);
     BatchLoader resumed(resumed_probe, make_batches(n, world, 1, 4, 5), BatchLoaderOptions{prefetch});
-    resumed.start_epoch(3, 2);
+    resumed.start_epoch(3, 2 * 4 * world);
     const std::vector<Batch> rest = drain(resumed);
     ASSERT_EQ(rest.size(), 3u) << "prefetch " << prefetch;
     for (size_t b = 0; b < rest.size(); ++b) EXPECT_EQ(rest[b].indices, all[b + 2].indices);

@@ -47,17 +47,20 @@ class BatchLoader {
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  // Sets the sampler's epoch (same value on every rank), drops what is left of a previous epoch and starts
-  // loading this epoch's batches from batch `first_batch` on (a run resumed inside the epoch): the batches
-  // before it are never loaded.
-  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // Sets the sampler's epoch (same values on every rank), drops what is left of a previous epoch and starts
+  // loading this epoch's batches. `first_position` > 0 (a run continued inside the epoch, on this world size or
+  // another) starts the epoch at that global position of its order: the samples before it are never loaded, and
+  // the ones after it are cut into this rank's batches as the sampler shares them out (data/distributed_sampler.h).
+  // Throws InvalidArgument for a position outside [0, the data set's size].
+  void start_epoch(int64_t epoch, int64_t first_position = 0);
 
   // The epoch's next batch, or nullopt after the last one. Its padding_count says how many of its final rows
   // repeat earlier samples (DistributedSampler padding). Throws InvalidArgument before the first start_epoch,
   // and rethrows whatever the data set threw while loading this batch.
   std::optional<Batch> next();
 
-  int64_t num_batches() const { return sampler_.num_batches(); }  // per epoch, equal on every rank
+  // Of the current epoch from its first position; equal on every rank.
+  int64_t num_batches() const { return sampler_.num_batches(); }
   const BatchSampler& sampler() const { return sampler_; }
   const Dataset& dataset() const { return *dataset_; }
   // Seconds next() spent waiting for the prefetch thread (or loading, without prefetch) this epoch: near zero

@@ -32,14 +32,15 @@ class BatchSampler {
   BatchSampler(DistributedSampler sampler, int64_t batch_size, bool drop_last = false,
                SingleSampleTail single_sample_tail = SingleSampleTail::kKeep);
 
-  // Forwards to the sampler: call with the same epoch on every rank before each epoch.
-  void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
+  // Forwards to the sampler: call with the same epoch (and first position) on every rank before each epoch. The
+  // epoch's batches then cut this rank's share of the positions from first_position on.
+  void set_epoch(int64_t epoch, int64_t first_position = 0) { sampler_.set_epoch(epoch, first_position); }
   int64_t epoch() const { return sampler_.epoch(); }
 
   // This rank's batches for the current epoch, in order.
   std::vector<IndexBatch> batches() const;
-  // Equal on every rank (every rank has the same num_samples), so collectives per batch stay matched; an uneven
-  // sampler breaks that on purpose (ddp/join.h).
+  // Of the current epoch (from its first position). Equal on every rank (every rank has the same num_samples),
+  // so collectives per batch stay matched; an uneven sampler breaks that on purpose (ddp/join.h).
   int64_t num_batches() const;
 
   int64_t batch_size() const { return batch_size_; }
