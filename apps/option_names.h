@@ -84,6 +84,9 @@ inline const std::vector<OptionName>& option_names() {
       {"grace_period", "--grace-period"},
       {"max_restarts", "--max-restarts"},
       {"run_id", "--run-id"},
+      {"rdzv_backend", "--rdzv-backend"},
+      {"rdzv_endpoint", "--rdzv-endpoint"},
+      {"rdzv_conf", "--rdzv-conf"},
   };
   return names;
 }

@@ -6,6 +6,7 @@
 
 #include "apps/command.h"
 #include "apps/flag_checks.h"
+#include "tandem/launch/elastic_options.h"
 #include "tandem/launch/launch_options.h"
 #include "tandem/launch/launcher.h"
 #include "tandem/util/error.h"
@@ -20,8 +21,11 @@ constexpr int kMaxRestarts = 1000;
 
 struct RunFlags {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  std::string nnodes = "1";
   int node_rank = 0;
+  std::string rdzv_backend;
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
   std::string master_addr;
   int master_port = 0;
   std::string log_dir;
@@ -43,14 +47,32 @@ std::function<int()> define_run(CLI::App& command) {
       "Every attempt gets the same TORCHELASTIC_RUN_ID (--run-id), so tandem train without --run-dir continues the\n"
       "run of the first attempt (runs/<run id>) from its newest checkpoint.\n"
       "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
-      "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port) are accepted too.");
+      "Elastic jobs (torchrun's c10d rendezvous): on every node,\n"
+      "  tandem run --nnodes MIN:MAX --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID -- CMD...\n"
+      "The agent on HOST serves the job's store (that node must not go); the agents form rounds of MIN to MAX\n"
+      "nodes, and a lost node, a failed worker or a node joining starts a new round on every node with the new\n"
+      "WORLD_SIZE and RANK. Failures count against --max-restarts, a joining node does not. --rdzv-conf sets\n"
+      "join_timeout, last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt (docs/launcher.md).\n"
+      "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port, --rdzv_backend, ...) are\n"
+      "accepted too.");
   CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
                                           "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)")
                             ->check(at_least<int>(1));
-  command.add_option("--nnodes", flags->nnodes, "Nodes in the job")->capture_default_str()->check(at_least<int>(1));
-  command.add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0..nnodes-1")
-      ->capture_default_str()
-      ->check(at_least<int>(0));
+  command.add_option("--nnodes", flags->nnodes,
+                     "Nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-backend c10d)")
+      ->capture_default_str();
+  CLI::Option* node_rank = command.add_option("--node-rank,--node_rank", flags->node_rank,
+                                              "This node's index, 0..nnodes-1 (static jobs only)")
+                               ->capture_default_str()
+                               ->check(at_least<int>(0));
+  command.add_option("--rdzv-backend,--rdzv_backend", flags->rdzv_backend,
+                     "c10d: an elastic job whose agents meet in a store at --rdzv-endpoint; static (default): "
+                     "--node-rank and --master-addr");
+  command.add_option("--rdzv-endpoint,--rdzv_endpoint", flags->rdzv_endpoint,
+                     "HOST[:PORT] (default port 29400) of the elastic job's store, served by the agent on HOST");
+  command.add_option("--rdzv-conf,--rdzv_conf", flags->rdzv_conf,
+                     "key=value,... : join_timeout (600), last_call_timeout (3), keep_alive_interval (5) in seconds, "
+                     "keep_alive_max_attempt (3)");
   CLI::Option* addr = command.add_option("--master-addr,--master_addr", flags->master_addr,
                                          "Host of node 0 (default 127.0.0.1; a loopback address with --nnodes 1, required "
                                          "with --nnodes > 1)");
@@ -67,17 +89,19 @@ std::function<int()> define_run(CLI::App& command) {
       ->capture_default_str()
       ->check(between<double>(0, kMaxGracePeriodSeconds));
   command.add_option("--max-restarts,--max_restarts", flags->max_restarts,
-                     "Times to stop and restart all workers after one fails (one node only)")
+                     "Times to stop and restart all workers after one fails (one node, or every node of an elastic "
+                     "job)")
       ->capture_default_str()
       ->check(between<int>(0, kMaxRestarts));
   command.add_option("--run-id,--rdzv-id,--rdzv_id", flags->run_id,
                      "The job's id, shared by every restart (TORCHELASTIC_RUN_ID; default: the start time and the "
-                     "launcher's pid). tandem train keeps a run without --run-dir in runs/<run id>");
+                     "launcher's pid; required, the same on every node, with --rdzv-backend c10d). tandem train "
+                     "keeps a run without --run-dir in runs/<run id>");
   command.add_option("command", flags->command, "The program to run and its arguments, after --");
   // Everything after the first word of the command belongs to the command, even if it looks like our flags.
   command.positionals_at_end();
 
-  return [flags, nproc, addr, port, &command]() -> int {
+  return [flags, nproc, node_rank, addr, port, &command]() -> int {
     // CLI11 keeps the "--" separator among the unused arguments; without it, a command's own flags would be
     // read as tandem's (`tandem run python -m x` vs. `tandem run -- python -m x`).
     std::vector<std::string> unused = command.remaining();
@@ -86,8 +110,11 @@ std::function<int()> define_run(CLI::App& command) {
     }
     launch::LaunchOptions options;
     if (nproc->count() > 0) options.nproc_per_node = flags->nproc_per_node;
-    options.nnodes = flags->nnodes;
-    options.node_rank = flags->node_rank;
+    launch::parse_node_range(flags->nnodes, options.nnodes, options.max_nnodes);
+    if (node_rank->count() > 0) options.node_rank = flags->node_rank;
+    options.rdzv_backend = flags->rdzv_backend;
+    options.rdzv_endpoint = flags->rdzv_endpoint;
+    options.rdzv_conf = flags->rdzv_conf;
     if (addr->count() > 0) options.master_addr = flags->master_addr;
     if (port->count() > 0) options.master_port = flags->master_port;
     options.log_dir = flags->log_dir;

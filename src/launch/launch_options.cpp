@@ -109,6 +109,58 @@ bool is_folder_name(const std::string& text) {
   return true;
 }
 
+// The elastic settings of an rdzv_backend c10d job, or none for a static one; refuses flags of the other mode.
+std::optional<ElasticSettings> plan_elastic(const LaunchOptions& options) {
+  const int max_nodes = options.max_nnodes == 0 ? options.nnodes : options.max_nnodes;
+  if (max_nodes < options.nnodes) {
+    throw InvalidArgument(fmt::format("`nnodes` {}:{}: the least number of nodes is above the most; give MIN:MAX "
+                                      "with MIN <= MAX",
+                                      options.nnodes, max_nodes));
+  }
+  if (options.rdzv_backend.empty() || options.rdzv_backend == "static") {
+    if (max_nodes != options.nnodes) {
+      throw InvalidArgument(fmt::format(
+          "`nnodes` {}:{} is an elastic job, which needs a rendezvous: add `rdzv_backend` c10d and "
+          "`rdzv_endpoint` HOST:PORT (the host whose agent serves it), or give one number of nodes",
+          options.nnodes, max_nodes));
+    }
+    if (!options.rdzv_endpoint.empty() || !options.rdzv_conf.empty()) {
+      throw InvalidArgument(fmt::format("`{}` is for an elastic job: add `rdzv_backend` c10d, or use "
+                                        "`master_addr` and `master_port` for a static one",
+                                        options.rdzv_endpoint.empty() ? "rdzv_conf" : "rdzv_endpoint"));
+    }
+    return std::nullopt;
+  }
+  if (options.rdzv_backend != "c10d") {
+    throw InvalidArgument(fmt::format("`rdzv_backend` '{}' is not one tandem run knows: use c10d (an elastic job "
+                                      "whose agents meet in a TCPStore) or static",
+                                      options.rdzv_backend));
+  }
+  if (options.node_rank) {
+    throw InvalidArgument(fmt::format("`node_rank` {} with `rdzv_backend` c10d: an elastic job ranks its nodes in "
+                                      "the order they join each round; leave `node_rank` out",
+                                      *options.node_rank));
+  }
+  if (options.master_addr || options.master_port) {
+    throw InvalidArgument(fmt::format("`{}` with `rdzv_backend` c10d: the workers meet at `rdzv_endpoint`; leave "
+                                      "`master_addr` and `master_port` out",
+                                      options.master_addr ? "master_addr" : "master_port"));
+  }
+  if (options.rdzv_endpoint.empty()) {
+    throw InvalidArgument("`rdzv_backend` c10d needs `rdzv_endpoint` HOST:PORT: the host whose agent serves the "
+                          "job's store, the same on every node");
+  }
+  if (options.run_id.empty()) {
+    throw InvalidArgument("`rdzv_backend` c10d needs `run_id`: the job's id, the same on every node");
+  }
+  ElasticSettings settings;
+  settings.min_nodes = options.nnodes;
+  settings.max_nodes = max_nodes;
+  parse_rendezvous_endpoint(options.rdzv_endpoint, settings);
+  parse_rendezvous_conf(options.rdzv_conf, settings);
+  return settings;
+}
+
 }  // namespace
 
 LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const ProcessLimits& limits) {
@@ -119,12 +171,14 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
   plan.command = options.command;
 
   if (options.nnodes < 1) throw InvalidArgument(fmt::format("`nnodes` must be at least 1, got {}", options.nnodes));
-  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
-    throw InvalidArgument(fmt::format("`node_rank` {} is outside 0..{} for `nnodes` {}", options.node_rank,
+  const int node_rank = options.node_rank.value_or(0);
+  if (node_rank < 0 || node_rank >= options.nnodes) {
+    throw InvalidArgument(fmt::format("`node_rank` {} is outside 0..{} for `nnodes` {}", node_rank,
                                       options.nnodes - 1, options.nnodes));
   }
   plan.nnodes = options.nnodes;
-  plan.node_rank = options.node_rank;
+  plan.node_rank = node_rank;
+  plan.elastic = plan_elastic(options);
 
   std::set<int> seen;
   for (int gpu : options.gpus) {
@@ -149,13 +203,16 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
                                       plan.nnodes, plan.nproc_per_node, INT_MAX));
   }
 
-  if (plan.nnodes > 1 && !options.master_addr) {
+  if (plan.elastic) {
+    plan.master_addr = plan.elastic->host;
+    plan.master_port = plan.elastic->port;
+  } else if (plan.nnodes > 1 && !options.master_addr) {
     throw InvalidArgument(fmt::format(
         "`nnodes` {} needs `master_addr`: the host of node 0, the same on every node", plan.nnodes));
   }
-  plan.master_addr = options.master_addr.value_or("127.0.0.1");
+  if (!plan.elastic) plan.master_addr = options.master_addr.value_or("127.0.0.1");
   if (plan.master_addr.empty()) throw InvalidArgument("`master_addr` must not be empty");
-  if (plan.nnodes == 1 && !is_ipv4_loopback(plan.master_addr)) {
+  if (!plan.elastic && plan.nnodes == 1 && !is_ipv4_loopback(plan.master_addr)) {
     throw InvalidArgument(fmt::format(
         "`master_addr` {} with `nnodes` 1: the rendezvous of one node stays on this machine; give a loopback "
         "address such as 127.0.0.1, or leave `master_addr` out",
@@ -164,7 +221,9 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
 
   const int port = options.master_port.value_or(0);
   if (port < 0 || port > 65535) throw InvalidArgument(fmt::format("`master_port` {} is outside 0..65535", port));
-  if (port != 0 || plan.nnodes == 1) {
+  if (plan.elastic) {
+    // The endpoint's port, set above.
+  } else if (port != 0 || plan.nnodes == 1) {
     plan.master_port = port;
   } else if (!options.master_port) {
     plan.master_port = comm::kDefaultMasterPort;
@@ -183,10 +242,10 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
   }
   // Each node's launcher restarts only its own workers, and the ranks of other nodes would meet the restarted
   // ones in the store of an attempt that is over: the nodes would have to agree on every restart first.
-  if (options.max_restarts > 0 && plan.nnodes > 1) {
+  if (options.max_restarts > 0 && plan.nnodes > 1 && !plan.elastic) {
     throw InvalidArgument(fmt::format(
-        "`max_restarts` {} with `nnodes` {}: tandem run restarts the workers of one node only; restart a "
-        "multi-node job from outside (or run it with `nnodes` 1)",
+        "`max_restarts` {} with `nnodes` {}: tandem run restarts the workers of one node only, or of every node "
+        "in an elastic job; add `rdzv_backend` c10d and `rdzv_endpoint` HOST:PORT, or restart the job from outside",
         options.max_restarts, plan.nnodes));
   }
   plan.max_restarts = options.max_restarts;

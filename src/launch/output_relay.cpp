@@ -24,6 +24,8 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
+void report(const std::string& message) { write_all(STDERR_FILENO, "tandem run: " + message + "\n"); }
+
 OutputStream OutputStream::from_pipe(int pipe_fd, int rank, int terminal_fd, int log_fd) {
   // Non-blocking, so that a read the poll loop starts never waits for one worker while the others talk.
   ::fcntl(pipe_fd, F_SETFL, ::fcntl(pipe_fd, F_GETFL) | O_NONBLOCK);

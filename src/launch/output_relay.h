@@ -14,6 +14,9 @@ namespace tandem::launch {
 // Writes everything, or gives up quietly when the reader is gone: worker output must never stop the launcher.
 void write_all(int fd, const std::string& text);
 
+// The launcher's own report about its workers, one line on stderr: "tandem run: " + message.
+void report(const std::string& message);
+
 // One of a worker's two output streams, on its way to the launcher's stdout or stderr.
 struct OutputStream {
   int fd = -1;           // read end of the worker's pipe; -1 once it reached end of file

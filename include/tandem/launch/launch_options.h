@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/launch/elastic_options.h"
+
 namespace tandem::launch {
 
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{5000};
@@ -28,8 +30,17 @@ struct ProcessLimits {
 struct LaunchOptions {
   // Workers on this node; absent: one per GPU in --gpus, else one per visible GPU, else 1.
   std::optional<int> nproc_per_node;
+  // Nodes in the job; an elastic job (rdzv_backend c10d) runs on nnodes to max_nnodes of them.
   int nnodes = 1;
-  int node_rank = 0;
+  // 0: nnodes. Above nnodes only with rdzv_backend c10d (--nnodes MIN:MAX).
+  int max_nnodes = 0;
+  // Absent: 0. Refused with rdzv_backend c10d, where a node's rank is its place in each round.
+  std::optional<int> node_rank;
+  // "" or "static": the nodes are given their ranks (node_rank, master_addr). "c10d": an elastic job whose agents
+  // meet in the store at rdzv_endpoint (elastic_options.h).
+  std::string rdzv_backend;
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
   // Absent: 127.0.0.1 on a single node, where it must be an IPv4 loopback address (the store stays on this
   // machine); required with nnodes > 1 (every node must name the same host).
   std::optional<std::string> master_addr;
@@ -65,6 +76,8 @@ struct LaunchPlan {
   int max_restarts = 0;
   std::string run_id;
   std::vector<std::string> command;
+  // Set for an elastic job (rdzv_backend c10d); then nnodes and node_rank are those of the current round.
+  std::optional<ElasticSettings> elastic;
 
   int world_size() const { return nnodes * nproc_per_node; }
   int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }

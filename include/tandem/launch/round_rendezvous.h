@@ -1,0 +1,118 @@
+#pragma once
+// How the agents of an elastic job (one `tandem run` per node) agree, over the job's c10d store, on who trains
+// in each round, and how a round ends (docs/launcher.md, "Elastic jobs"). Life of an agent:
+//
+//   enter()                      check the job (finished? another job under this id?), take a slot in the
+//                                newest round still open, else in the next one
+//   poll_round() until it says   the round closes: with max_nodes slots taken, or with at least min_nodes and
+//   who is in                    no newcomer for last_call; an agent whose slot came after the close moves on
+//                                to the next round, as one waiting to join
+//   beat(), watch() each         while the round's workers run: heartbeats; watch() reports the round's end,
+//   keep_alive_interval          ending it first where a node's heartbeat stood still too long (a failure) or
+//                                an agent waits in the next round while this one has fewer than max_nodes
+//   end_round(...)               a worker failed, or all succeeded elsewhere: the first to end a round names why
+//   next_round()                 take a slot in the round after
+//
+// Every write that decides something (a slot, a round's size, its end, the job's signature) is one atomic add or
+// compare_set, so two agents can never believe different things. Round numbers never repeat: they are the
+// workers' TORCHELASTIC_RESTART_COUNT, whose keys live under /worker/attempt_<round>. Heartbeats are counters,
+// judged by each watcher's own clock, so the nodes' clocks need not agree.
+//
+// Not thread-safe: the caller serialises the calls (elastic_agent.cpp holds a mutex). Store errors (a lost
+// connection) come out as the store's own exceptions; InvalidArgument for a job this agent must not join.
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "tandem/launch/elastic_options.h"
+
+namespace tandem::launch {
+
+// This agent's place in a closed round.
+struct RoundMembership {
+  int round = 0;
+  int node_rank = 0;        // the order of its slot among the round's nodes
+  int nodes = 0;            // how many nodes the round closed with
+  int failures_before = 0;  // rounds ended by a failure before this one (counted against --max-restarts)
+};
+
+// Why a round ended. A failure (a worker failed, a node was lost) counts against --max-restarts; a change of
+// membership (a node joining) does not, as in torchrun.
+struct RoundEnd {
+  bool failure = false;
+  std::string reason;  // "node 1 (10.0.0.2, pid 312) was lost: no heartbeat for 3 s", ...
+};
+
+class RoundRendezvous {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `store`: the agents' own keys, a prefix of the job's store (elastic_agent.cpp). `node` names this agent in
+  // others' messages ("10.0.0.2, pid 312"); `job_signature` is what every agent of the job must agree on (the
+  // number of workers per node and the command).
+  RoundRendezvous(c10::intrusive_ptr<c10d::Store> store, ElasticSettings settings, std::string node,
+                  std::map<std::string, std::string> job_signature);
+
+  // Checks the job and takes a slot in the newest open round (the next one when the newest is closed). Throws
+  // InvalidArgument when the job has finished or its agents disagree with this one's signature.
+  void enter(Clock::time_point now);
+  // Takes a slot in the round after `membership` (or after the round last entered), once that one has ended.
+  void next_round(Clock::time_point now);
+  // Lets a new store connection stand in for the old one (after a lost connection), e.g. before enter().
+  void reconnect(c10::intrusive_ptr<c10d::Store> store) { store_ = std::move(store); }
+
+  // The round this agent waits in, once it has closed with this agent inside; nullopt while it is open (or when
+  // it closed without this agent, which then waits in the next round). Throws TimeoutError naming how many
+  // nodes came when fewer than min_nodes did within join_timeout of enter(); InvalidArgument when the job has
+  // finished meanwhile.
+  std::optional<RoundMembership> poll_round(Clock::time_point now);
+  // How many agents wait for the next round (for the agent's messages and the tests).
+  int64_t waiting() const;
+
+  // Adds to this agent's heartbeat in the running round.
+  void beat();
+  // The running round's end, if anyone ended it; else ends it where a node was lost (a failure) or an agent waits
+  // to join while the round has fewer than max_nodes (a change), and returns that.
+  std::optional<RoundEnd> watch(Clock::time_point now);
+  // Ends the running round for `end` unless it ended already; returns the end that stands.
+  RoundEnd end_round(const RoundEnd& end);
+
+  // The running round's workers on this node all exited 0; true once every node's did, and then the job is
+  // done: marked in the store, so that every agent and a late one learn it.
+  bool mark_succeeded();
+  bool all_succeeded();
+  // Says this agent leaves the job (it is done, or out of restarts); the hosting agent waits, bounded, until the
+  // running round's nodes have all left before its store goes, so none of them mistakes the end for a lost store.
+  void leave();
+  int64_t left() const;
+
+ private:
+  std::string round_key(int round, const std::string& name) const;
+  bool is_set(const std::string& key) const;
+  std::string read(const std::string& key) const;
+  void take_slot(int round, Clock::time_point now);
+  std::optional<RoundEnd> ended(int round) const;
+  int failures_before(int round) const;
+  void check_not_done() const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  ElasticSettings settings_;
+  std::string node_;
+  std::map<std::string, std::string> signature_;
+
+  // The round this agent waits in or runs in, its slot (1-based), and when it entered (for join_timeout).
+  int round_ = 0;
+  int64_t slot_ = 0;
+  Clock::time_point entered_;
+  // Closing below max_nodes: the slot count last seen and since when it stood still.
+  int64_t joined_seen_ = -1;
+  Clock::time_point joined_since_;
+  std::optional<RoundMembership> membership_;
+  // Heartbeats of the running round's nodes (by slot): the count last seen and since when it stood still.
+  std::map<int64_t, std::pair<int64_t, Clock::time_point>> heartbeats_;
+};
+
+}  // namespace tandem::launch

@@ -1,0 +1,260 @@
+#include "elastic_agent.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+
+#include "heartbeat_watch.h"
+#include "output_relay.h"
+#include "supervisor.h"
+#include "tandem/comm/local_address.h"
+#include "tandem/launch/agent_store.h"
+#include "tandem/launch/round_rendezvous.h"
+#include "tandem/util/error.h"
+
+namespace tandem::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often an agent looks at a round that is forming, and, once its own workers are done, at the others'.
+constexpr std::chrono::milliseconds kAgentPoll{100};
+// The shortest operation timeout of an agent's store connection: a loaded store host may take a while to answer.
+constexpr std::chrono::milliseconds kMinStoreTimeout{1000};
+// How long the hosting agent keeps the store up, beyond the time a lost node takes to be noticed, for the other
+// agents to read that the job is over.
+constexpr std::chrono::seconds kHostLinger{2};
+
+// This agent in the others' messages: the address it reaches the store from, and its pid.
+std::string describe_node(const std::string& store_host) {
+  std::string address;
+  try {
+    address = comm::local_address_toward(store_host);
+  } catch (const std::exception&) {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    address = name;
+  }
+  return fmt::format("{}, pid {}", address, ::getpid());
+}
+
+std::string joined_command(const std::vector<std::string>& command) {
+  std::string text;
+  for (const std::string& word : command) text += (text.empty() ? "" : " ") + word;
+  return text;
+}
+
+class ElasticAgent {
+ public:
+  explicit ElasticAgent(const LaunchPlan& plan)
+      : plan_(plan),
+        settings_(*plan.elastic),
+        // The store first: a Ctrl-C while it is being reached still ends the process; the Supervisor's signal
+        // handlers come after.
+        store_(settings_, std::max(settings_.heartbeat_lost_after(), kMinStoreTimeout)),
+        supervisor_(plan.grace_period),
+        rounds_(agent_keys(store_.client()), settings_, describe_node(settings_.host),
+                {{"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
+                 {"command", joined_command(plan.command)}}) {}
+
+  int run() {
+    with_store([&] { rounds_.enter(Clock::now()); });
+    while (true) {
+      std::optional<RoundMembership> membership;
+      while (!membership) {
+        std::string store_error;
+        try {
+          std::lock_guard<std::mutex> lock(store_mutex_);
+          membership = rounds_.poll_round(Clock::now());
+        } catch (const Error&) {
+          throw;
+        } catch (const std::exception& error) {
+          store_error = first_line(error.what());
+        }
+        if (!store_error.empty()) {
+          rejoin(store_error);
+          continue;
+        }
+        if (!membership && supervisor_.wait_for_signal(kAgentPoll) != 0) {
+          report(fmt::format("received {} while waiting for a round; no worker was running",
+                             signal_name(supervisor_.signal_received())));
+          return 128 + supervisor_.signal_received();
+        }
+      }
+      if (std::optional<int> code = run_round(*membership)) return *code;
+    }
+  }
+
+ private:
+  static c10::intrusive_ptr<c10d::Store> agent_keys(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const std::string& run_id) {
+    // The workers keep theirs under /worker/attempt_<round>; the agents', apart, cannot meet them.
+    return c10::make_intrusive<c10d::PrefixStore>("/tandem_agents/" + run_id, store);
+  }
+  c10::intrusive_ptr<c10d::Store> agent_keys(const c10::intrusive_ptr<c10d::Store>& store) const {
+    return agent_keys(store, plan_.run_id);
+  }
+
+  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+  template <typename Operation>
+  void with_store(Operation operation) {
+    std::lock_guard<std::mutex> lock(store_mutex_);
+    operation();
+  }
+
+  // Runs this node's workers for one round; returns the agent's exit code once the job is over for it, or
+  // nothing when a next round follows.
+  std::optional<int> run_round(const RoundMembership& membership) {
+    LaunchPlan round_plan = plan_;
+    round_plan.nnodes = membership.nodes;
+    round_plan.node_rank = membership.node_rank;
+    report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}", membership.round,
+                       membership.node_rank, membership.nodes, round_plan.global_rank(0),
+                       round_plan.global_rank(plan_.nproc_per_node - 1), round_plan.world_size()));
+    std::optional<RoundEnd> end;
+    std::string store_error;
+    int code_if_last = 1;
+    {
+      HeartbeatWatch watch(rounds_, store_mutex_, settings_.keep_alive_interval);
+      const AttemptEnd attempt = supervisor_.run_attempt(
+          round_plan, membership.round, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, watch.fd());
+      const auto end_round = [&](const RoundEnd& cause) {
+        try {
+          std::lock_guard<std::mutex> lock(store_mutex_);
+          end = rounds_.end_round(cause);
+        } catch (const Error&) {
+          throw;
+        } catch (const std::exception& error) {
+          store_error = first_line(error.what());
+        }
+      };
+      const std::string here = fmt::format("on node {} ({})", membership.node_rank, describe_node(settings_.host));
+      switch (attempt.kind) {
+        case AttemptEnd::Kind::kSucceeded:
+          if (std::optional<int> code = wait_for_the_others(watch, membership, store_error)) return code;
+          break;
+        case AttemptEnd::Kind::kFailed:
+          end_round({true, fmt::format("rank {} {} {}", attempt.failure.rank, attempt.failure.describe(), here)});
+          code_if_last = attempt.failure.shell_code();
+          break;
+        case AttemptEnd::Kind::kNotRun:
+        case AttemptEnd::Kind::kSignalled:
+          // Neither is a failure a restart can mend: this agent leaves, and the others go on without it.
+          end_round({true, attempt.kind == AttemptEnd::Kind::kNotRun
+                               ? fmt::format("node {} cannot start its workers", membership.node_rank)
+                               : fmt::format("the agent {} received {}", here, signal_name(attempt.signal))});
+          report(describe_end(attempt));
+          return leave(membership, exit_code_of(attempt));
+        case AttemptEnd::Kind::kStopped:
+          break;
+      }
+      if (!end && store_error.empty() && watch.finished()) {
+        end = watch.ended();
+        store_error = watch.store_error();
+      }
+    }
+    if (!end) {
+      rejoin(store_error.empty() ? "it stopped answering" : store_error);
+      return std::nullopt;
+    }
+    const int failures = membership.failures_before + (end->failure ? 1 : 0);
+    if (end->failure && failures > plan_.max_restarts) {
+      report(end->reason + (plan_.max_restarts > 0 ? fmt::format("; all {} restart(s) used up", plan_.max_restarts)
+                                                   : "; stopped this node's workers (no restart allowed)"));
+      return leave(membership, code_if_last);
+    }
+    report(end->reason + (end->failure ? fmt::format("; restarting the workers of every node in a new round "
+                                                     "(restart {} of {})",
+                                                     failures, plan_.max_restarts)
+                                       : "; forming a new round with it (a node joining is no restart)"));
+    with_store([&] { rounds_.next_round(Clock::now()); });
+    return std::nullopt;
+  }
+
+  // This node's workers all exited 0: the job is done once every node's did. Meanwhile the watch keeps beating,
+  // and a round that ends (a node lost) still restarts these workers with the others.
+  std::optional<int> wait_for_the_others(const HeartbeatWatch& watch, const RoundMembership& membership,
+                                         std::string& store_error) {
+    bool marked = false;
+    while (!watch.finished()) {
+      try {
+        std::lock_guard<std::mutex> lock(store_mutex_);
+        const bool all = marked ? rounds_.all_succeeded() : rounds_.mark_succeeded();
+        marked = true;
+        if (all) return leave(membership, 0);
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& error) {
+        store_error = first_line(error.what());
+        return std::nullopt;
+      }
+      if (supervisor_.wait_for_signal(kAgentPoll) != 0) {
+        report(fmt::format("received {} after this node's workers had finished", signal_name(supervisor_.signal_received())));
+        return leave(membership, 128 + supervisor_.signal_received());
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Says so in the store and, where this agent serves it, keeps it up (bounded) until the round's other agents
+  // have said so too: one that found the store gone would take the end for a lost link.
+  int leave(const RoundMembership& membership, int code) {
+    try {
+      std::lock_guard<std::mutex> lock(store_mutex_);
+      rounds_.leave();
+      const auto until = Clock::now() + settings_.heartbeat_lost_after() + kHostLinger;
+      while (store_.hosting() && rounds_.left() < membership.nodes && Clock::now() < until) {
+        std::this_thread::sleep_for(kAgentPoll);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception&) {
+      // The store is gone already: nobody is left to tell.
+    }
+    return code;
+  }
+
+  // The store stopped answering (this node's link was cut, or the store host is gone): the workers are
+  // stopped by now; try to get back into the job until join_timeout, as a newcomer. Throws CommError once
+  // join_timeout has passed.
+  void rejoin(const std::string& why) {
+    report(fmt::format("lost the job's store at {}:{} ({}); stopped this node's workers, trying to rejoin for up to "
+                       "{:.0f} s",
+                       settings_.host, settings_.port, why, settings_.join_timeout.count() / 1000.0));
+    const auto deadline = Clock::now() + settings_.join_timeout;
+    while (true) {
+      auto client = store_.reconnect(deadline);
+      try {
+        std::lock_guard<std::mutex> lock(store_mutex_);
+        rounds_.reconnect(agent_keys(client));
+        rounds_.enter(Clock::now());
+        return;
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception&) {
+        // Lost again while entering: try once more, within the same deadline.
+      }
+    }
+  }
+
+  const LaunchPlan& plan_;
+  ElasticSettings settings_;
+  AgentStore store_;
+  Supervisor supervisor_;
+  std::mutex store_mutex_;  // one operation at a time on the store connection (heartbeat_watch.h)
+  RoundRendezvous rounds_;
+};
+
+}  // namespace
+
+int run_elastic_agent(const LaunchPlan& plan) {
+  ElasticAgent agent(plan);
+  return agent.run();
+}
+
+}  // namespace tandem::launch

@@ -1,0 +1,72 @@
+#include "heartbeat_watch.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tandem/util/error.h"
+
+namespace tandem::launch {
+
+HeartbeatWatch::HeartbeatWatch(RoundRendezvous& rounds, std::mutex& store_mutex, std::chrono::milliseconds interval)
+    : rounds_(rounds), store_mutex_(store_mutex), interval_(interval) {
+  if (::pipe2(pipe_, O_CLOEXEC) != 0) {
+    throw Error(fmt::format("cannot create the heartbeat watch's pipe: {}", std::strerror(errno)));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+HeartbeatWatch::~HeartbeatWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  for (int fd : pipe_) ::close(fd);
+}
+
+std::optional<RoundEnd> HeartbeatWatch::ended() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ended_;
+}
+
+std::string HeartbeatWatch::store_error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return store_error_;
+}
+
+void HeartbeatWatch::finish() {
+  finished_ = true;
+  const char byte = 1;
+  while (::write(pipe_[1], &byte, 1) < 0 && errno == EINTR) {
+  }
+}
+
+void HeartbeatWatch::run() {
+  while (true) {
+    std::optional<RoundEnd> end;
+    try {
+      std::lock_guard<std::mutex> lock(store_mutex_);
+      rounds_.beat();
+      end = rounds_.watch(RoundRendezvous::Clock::now());
+    } catch (const std::exception& error) {
+      std::string what = error.what();
+      std::lock_guard<std::mutex> lock(mutex_);
+      store_error_ = what.substr(0, what.find('\n'));
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (end || !store_error_.empty()) {
+      ended_ = end;
+      lock.unlock();
+      finish();
+      return;
+    }
+    if (wake_.wait_for(lock, interval_, [this] { return stop_; })) return;
+  }
+}
+
+}  // namespace tandem::launch
