@@ -115,9 +115,9 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--min-crop-scale", d.min_crop_scale, "image folders: smallest random crop, as a fraction of the image area (default: 0.08*(224/SIZE)^2 within [0.08, 1]: 0.08 at 224, 1 at 32)")->check(between(0.01, 1));
   command.add_flag("--skip-bad-images", d.skip_bad_images, "image folders: drop unreadable images and count them, instead of stopping");
   command.add_option("--epochs", o.epochs, "training epochs")->capture_default_str()->check(at_least<int>(1));
-  command.add_option("--batch-size", o.batch_size, "samples per batch per process")->capture_default_str()->check(at_least<int64_t>(1));
+  command.add_option("--batch-size", o.batch_size, "samples per batch per process (a continued run may change it, and the world size: it goes on at the same sample of the epoch)")->capture_default_str()->check(at_least<int64_t>(1));
   // The rate and the weight decay become float32 scalars on float32 weights: past float32's range none can be one.
-  command.add_option("--lr", p.lr, "learning rate, multiplied by the world size")->capture_default_str()->check(greater_than<float>(0));
+  command.add_option("--lr", p.lr, "learning rate, multiplied by the global batch (world size x --batch-size) over the run's first --batch-size: the world size, unless a continued run changed the global batch")->capture_default_str()->check(greater_than<float>(0));
   // A fraction, as the name says: below 0 the rate turns negative (gradient ascent), above 1 it would rise.
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr, 0 to 1 (cosine schedule per epoch; 1: a constant rate)")->capture_default_str()->check(between(0, 1));
   // At 1 the velocity never decays: every step adds all the gradients seen so far, and the steps grow without end.
@@ -139,7 +139,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");
-  command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint)");
+  command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint), on any world size and --batch-size; --seed, --epochs, --no-shuffle and the data must stay");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
   command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least<int64_t>(0));

@@ -30,7 +30,8 @@ struct TrainingProgramOptions {
   bool strict = false;        // init_weights must match the model exactly
   bool freeze_layers = false; // train only the classifier head
   std::string save_weights;   // final weights as safetensors (rank 0)
-  // The seeds' SGD. lr is per rank: the loop multiplies it by the world size.
+  // The seeds' SGD. lr is per rank: the loop multiplies it by the global batch over the run's first per-rank batch
+  // (the world size, unless a continued run changed the global batch).
   double lr = 0.01;
   double momentum = 0.9;
   double weight_decay = 0.005;

@@ -26,9 +26,11 @@ struct Field {
 const Field<CheckpointState> kStateFields[] = {
     {"epoch", &CheckpointState::epoch},
     {"batches_done", &CheckpointState::batches_done},
+    {"sample_position", &CheckpointState::sample_position, "-1"},
     {"step", &CheckpointState::step},
     {"lr", &CheckpointState::lr},
     {"base_lr", &CheckpointState::base_lr},
+    {"initial_batch_size", &CheckpointState::initial_batch_size, "0"},
     {"lrf", &CheckpointState::lrf},
     {"warmup_steps", &CheckpointState::warmup_steps, "0"},
     {"epochs", &CheckpointState::epochs},

@@ -63,6 +63,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
       sharded_(sharded),
       train_set_(std::move(train_set)),
       eval_set_(std::move(eval_set)),
+      initial_batch_size_(options_.batch_size),
       schedule_(1.0, options.lrf, options.epochs, options.warmup_steps),
       autocast_dtype_(amp::autocast_dtype(options.precision)),
       scaler_(scaler_options(options), communicator_ptr_) {
@@ -73,12 +74,9 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
     log::main_info("the evaluation set holds no samples: the epochs report their training loss only");
     eval_set_.reset();
   }
-  const double scale = options_.scale_lr_by_world_size ? world_ : 1;
-  for (auto& group : optimizer_.param_groups()) {
-    user_lrs_.push_back(group.options().get_lr());
-    base_lrs_.push_back(user_lrs_.back() * scale);
-  }
-  if (base_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
+  for (auto& group : optimizer_.param_groups()) user_lrs_.push_back(group.options().get_lr());
+  if (user_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
+  scale_base_lrs();
   if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
   if (options_.uneven_inputs) ddp::Join::require_joinable(module_);
 }
@@ -105,7 +103,7 @@ TrainResult Run::execute() {
   TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
   train_loader_ = std::move(loaders.train);
   eval_loader_ = std::move(loaders.eval);
-  steps_per_epoch_ = (loaders.batches_per_epoch + options_.accumulate_batches - 1) / options_.accumulate_batches;
+  first_rank_batches_ = std::move(loaders.first_rank);
   open_records(loaders.batches_per_epoch);
 
   TrainResult result;
@@ -115,11 +113,11 @@ TrainResult Run::execute() {
     EpochProgress progress;
     if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
       progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_samples,
-                  resumed_.epoch_train_seconds};
+                  resumed_.epoch_train_seconds, resumed_position_, resumed_.batches_done};
     }
     progress = train_epoch(epoch, progress);
     result.epochs.push_back(evaluate_epoch(epoch, progress));
-    const bool complete = !stop_ || progress.steps >= steps_per_epoch_;
+    const bool complete = !stop_ || progress.steps >= progress.steps_in_epoch;
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
   if (run_timeline_) run_timeline_->finish(step_);
@@ -168,11 +166,18 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   if (callbacks_.on_epoch_start) {
     comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] { callbacks_.on_epoch_start(epoch); });
   }
-  // Inside a resumed epoch its finished batches are skipped in the sampler's order, never loaded.
-  train_loader_->start_epoch(epoch, progress.batches_done);
+  // Inside a resumed epoch the loader starts where the checkpoint's batches reach in the epoch's order, on this
+  // run's layout: the samples before are never loaded. The epoch's steps are those before the resume and the
+  // ones its remaining batches make (rank 0's, the most under uneven inputs).
+  train_loader_->start_epoch(epoch, progress.first_position);
+  first_rank_batches_->set_epoch(epoch, progress.first_position);
+  const int64_t batches_left = first_rank_batches_->num_batches();
+  progress.steps_in_epoch =
+      progress.steps + (batches_left + options_.accumulate_batches - 1) / options_.accumulate_batches;
   // The bar counts to where max_steps stops the run, so that its ETA is the time to the stop.
   progress_->start_epoch(epoch, progress.batches_done,
-                         options_.max_steps > 0 ? (options_.max_steps - step_) * options_.accumulate_batches : 0);
+                         options_.max_steps > 0 ? (options_.max_steps - step_) * options_.accumulate_batches : 0,
+                         progress.batches_done + batches_left);
   const auto start = std::chrono::steady_clock::now();
   const double earlier_seconds = progress.seconds;
   const auto seconds_so_far = [&] {
@@ -185,7 +190,8 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   std::vector<data::Batch> step_batches;
   while (std::optional<data::Batch> batch = train_loader_->next()) {
     step_batches.push_back(std::move(*batch));
-    const int64_t wanted = std::min(options_.accumulate_batches, batches_here - progress.batches_done);
+    const int64_t wanted =
+        std::min(options_.accumulate_batches, batches_here - (progress.batches_done - progress.first_batch));
     if (static_cast<int64_t>(step_batches.size()) < wanted) continue;
     const StepStatistics stats = train_step(epoch, progress.batches_done, step_batches);
     progress.batches_done += static_cast<int64_t>(step_batches.size());
@@ -195,7 +201,8 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
       stop_ = true;
       break;
     }
-    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 && progress.steps < steps_per_epoch_) {
+    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0 &&
+        progress.steps < progress.steps_in_epoch) {
       progress.seconds = seconds_so_far();
       write_checkpoint(checkpoint_state(epoch, progress));
     }
@@ -207,7 +214,7 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
   // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
   // generators after evaluation and on_epoch_end, as at every epoch end.
-  if (stop_ && progress.steps < steps_per_epoch_) rng_at_stop_ = gather_rng_states(communicator_, rng_devices());
+  if (stop_ && progress.steps < progress.steps_in_epoch) rng_at_stop_ = gather_rng_states(communicator_, rng_devices());
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
   return progress;
@@ -307,6 +314,18 @@ torch::Tensor Run::forward_for_training(const torch::Tensor& x) {
   if (!dp_model_) return ddp_model_->forward(x);
   // DataParallel splits the rows; a batch of none (every image unreadable) goes through the model itself.
   return x.size(0) > 0 ? dp_model_->forward(x) : model_.forward(x);
+}
+
+void Run::scale_base_lrs() {
+  const double scale =
+      options_.scale_lr_by_world_size ? static_cast<double>(world_ * options_.batch_size) / initial_batch_size_ : 1.0;
+  base_lrs_.clear();
+  for (double lr : user_lrs_) base_lrs_.push_back(lr * scale);
+}
+
+int64_t Run::position_done(const EpochProgress& progress) const {
+  const int64_t trained = (progress.batches_done - progress.first_batch) * options_.batch_size * world_;
+  return std::min(progress.first_position + trained, train_set_->size());
 }
 
 void Run::set_lr(int epoch) {

@@ -39,11 +39,11 @@ ProgressReporter::ProgressReporter(int64_t batches_per_epoch, int64_t samples_pe
   }
 }
 
-void ProgressReporter::start_epoch(int epoch, int64_t first_batch, int64_t batches_to_train) {
+void ProgressReporter::start_epoch(int epoch, int64_t first_batch, int64_t batches_to_train, int64_t epoch_batches) {
   epoch_ = epoch;
   first_batch_ = first_batch;
-  end_batch_ = batches_to_train > 0 ? std::min(batches_per_epoch_, first_batch + batches_to_train)
-                                    : batches_per_epoch_;
+  const int64_t batches = epoch_batches > 0 ? epoch_batches : batches_per_epoch_;
+  end_batch_ = batches_to_train > 0 ? std::min(batches, first_batch + batches_to_train) : batches;
   last_printed_ = -1;
   start_ = std::chrono::steady_clock::now();
   last_draw_.reset();

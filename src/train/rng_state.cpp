@@ -121,4 +121,28 @@ void restore_rng_states(const RngStates& states, int rank, int world_size, torch
   restore_rng_states(states, rank, world_size, std::vector<torch::Device>{device});
 }
 
+uint64_t new_rank_seed(uint64_t seed, int rank) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(rank) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void continue_rng_states(const RngStates& states, int rank, uint64_t seed, const std::vector<torch::Device>& devices) {
+  const int64_t rows = states.cpu.defined() ? states.cpu.size(0) : 0;
+  if (rank < rows) {
+    restore_rng_states(states, rank, static_cast<int>(rows), devices);
+    return;
+  }
+  if (!states.cpu.defined()) return;  // a checkpoint without generators: every rank keeps its own, as before
+  const uint64_t own_seed = new_rank_seed(seed, rank);
+  std::vector<torch::Device> seeded = generator_devices(devices);
+  seeded.insert(seeded.begin(), torch::kCPU);
+  for (const torch::Device& device : seeded) {
+    at::Generator generator = default_generator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(own_seed);
+  }
+}
+
 }  // namespace tandem::train

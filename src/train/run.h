@@ -24,13 +24,18 @@
 
 namespace tandem::train {
 
-// Where an epoch's training stands: restored from a checkpoint taken inside it, or from zero.
+// Where an epoch's training stands: restored from a checkpoint taken inside it, or from zero. A checkpoint
+// written on another layout (world size x batch size) continues at its position in the epoch's order: this run's
+// batches then start at first_position, and batches_done counts on from the checkpoint's count.
 struct EpochProgress {
-  int64_t batches_done = 0;
+  int64_t batches_done = 0;  // of rank 0, through every layout the epoch was trained on
   double loss_sum = 0;  // of the per-step losses averaged over ranks
   int64_t steps = 0;
   int64_t samples = 0;  // trained on, over every rank
   double seconds = 0;   // training time, before a resume included
+  int64_t first_position = 0;  // where this run's loader started the epoch's order
+  int64_t first_batch = 0;     // batches_done there
+  int64_t steps_in_epoch = 0;  // the epoch's steps in all, those before a resume included (set as it starts)
 };
 
 class Run {
@@ -57,6 +62,10 @@ class Run {
                      std::chrono::steady_clock::time_point start);
   void count_step(EpochProgress& progress, const StepStatistics& stats);
   void set_lr(int epoch);
+  // The base rates: each group's lr times the global batch over the run's first one (LoopOptions).
+  void scale_base_lrs();
+  // The end of the epoch's order that `progress` has trained to: checkpoints record it.
+  int64_t position_done(const EpochProgress& progress) const;
   bool steps_exhausted() const { return options_.max_steps > 0 && step_ >= options_.max_steps; }
   // Runs `pass` (a forward, and the loss) under the run's autocast, if it has one.
   template <typename Pass>
@@ -68,6 +77,7 @@ class Run {
 
   // run_checkpoints.cpp: continuing from a checkpoint, and writing one.
   void resume_from(const std::string& checkpoint);
+  void continue_layout();
   CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const CheckpointState& state);
   // The devices whose generators a checkpoint holds: every DataParallel replica's, else the rank's own.
@@ -89,7 +99,8 @@ class Run {
   optim::ZeroRedundancyOptimizer* sharded_;
   std::shared_ptr<const data::Dataset> train_set_, eval_set_;
   std::vector<double> user_lrs_;  // per param group, as fit() found them
-  std::vector<double> base_lrs_;  // per param group, world-size-scaled
+  std::vector<double> base_lrs_;  // per param group, scaled by the global batch
+  int64_t initial_batch_size_;    // per rank, where the run started: a checkpoint's, or ours
   CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
   std::optional<torch::ScalarType> autocast_dtype_;
   amp::GradScaler scaler_;        // disabled unless the precision scales the loss
@@ -102,8 +113,10 @@ class Run {
   monitor::Timeline* timeline_ = nullptr;  // run_timeline_'s; null without one
   std::unique_ptr<ProgressReporter> progress_;
   CheckpointState resumed_;
+  int64_t resumed_position_ = 0;  // where resumed_.epoch continues in its order
   RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
-  int64_t steps_per_epoch_ = 0;  // the same on every rank: rank 0's batches, accumulate_batches to a step
+  // Rank 0's batches of an epoch from a position on (the same on every rank): an epoch's steps count them.
+  std::optional<data::BatchSampler> first_rank_batches_;
   int64_t step_ = 0;
   bool stop_ = false;
 };

@@ -3,6 +3,8 @@
 // share of the state.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "run.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/train/run_directory.h"
@@ -11,19 +13,27 @@
 namespace tandem::train {
 namespace {
 
-// batches_done counts batches of the data order and the training set the checkpoint was written with: under
-// another order or other data it would skip or repeat samples. `now` is this run's state at its start.
+// The checkpoint's position counts samples of the epoch's order, which the seed, the shuffle and the training set
+// make: under another order or other data it would skip or repeat samples. drop_last and epochs shape which
+// samples an epoch trains and how many epochs there are. World size and batch size may change (the position
+// carries over), except for checkpoints of the first format, which recorded no batch size to count in. `now` is
+// this run's state at its start.
 void require_same_data(const CheckpointState& saved, const CheckpointState& now, const std::string& path) {
-  const bool same_batches = saved.batch_size == 0 ||  // first-format checkpoints did not record it
-                            (saved.batch_size == now.batch_size && saved.shuffle == now.shuffle &&
-                             saved.drop_last == now.drop_last);
-  if (saved.world_size != now.world_size || saved.sampler_seed != now.sampler_seed || saved.epochs != now.epochs ||
-      !same_batches) {
+  if (saved.batch_size == 0 && saved.batches_done > 0 && saved.world_size != now.world_size) {
     throw InvalidArgument(fmt::format(
-        "{} was written by a run with world size {}, `seed` {}, `epochs` {}, `batch_size` {}{}; resume with the "
-        "same values (now {}, {}, {}, {}{}), or start a new run in another `run_dir`",
-        path, saved.world_size, saved.sampler_seed, saved.epochs, saved.batch_size, saved.shuffle ? "" : ", unshuffled",
-        now.world_size, now.sampler_seed, now.epochs, now.batch_size, now.shuffle ? "" : ", unshuffled"));
+        "{} was written inside an epoch by a tandem that did not record its batch size, on world size {}: continue "
+        "it on {} ranks with its `batch_size`, or start a new run in another `run_dir`",
+        path, saved.world_size, saved.world_size));
+  }
+  const bool same_order = saved.batch_size == 0 ||  // first-format checkpoints did not record these
+                          (saved.shuffle == now.shuffle && saved.drop_last == now.drop_last);
+  if (saved.sampler_seed != now.sampler_seed || saved.epochs != now.epochs || !same_order) {
+    throw InvalidArgument(fmt::format(
+        "{} was written by a run with `seed` {}, `epochs` {}{}{}; resume with the same values (now {}, {}{}{}), or "
+        "start a new run in another `run_dir`",
+        path, saved.sampler_seed, saved.epochs, saved.shuffle ? "" : ", unshuffled",
+        saved.drop_last ? "" : ", keeping partial batches", now.sampler_seed, now.epochs,
+        now.shuffle ? "" : ", unshuffled", now.drop_last ? "" : ", keeping partial batches"));
   }
   // Checkpoints of tandems that did not record the training set say 0 samples; a fingerprint of 0 cannot tell.
   if (saved.train_samples != 0 &&
@@ -34,6 +44,15 @@ void require_same_data(const CheckpointState& saved, const CheckpointState& now,
         "(fingerprint {:016x}); resume with the same training data, or start a new run in another `run_dir`",
         path, saved.train_samples, saved.train_fingerprint, now.train_samples, now.train_fingerprint));
   }
+}
+
+// Where the checkpoint's epoch continues in its order: recorded, or (older checkpoints) what its batches on its
+// layout covered. A first-format checkpoint's batch size is this run's (require_same_data saw to it).
+int64_t resumed_position(const CheckpointState& saved, const CheckpointState& now) {
+  if (saved.sample_position >= 0) return saved.sample_position;
+  const int64_t batch_size = saved.batch_size > 0 ? saved.batch_size : now.batch_size;
+  const int64_t trained = saved.batches_done * batch_size * saved.world_size;
+  return saved.train_samples > 0 ? std::min(trained, saved.train_samples) : std::min(trained, now.train_samples);
 }
 
 }  // namespace
@@ -47,14 +66,17 @@ void Run::resume_from(const std::string& checkpoint) {
     ExtraState extra;
     resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
                         : load_checkpoint(checkpoint, module_, optimizer_, &extra);
-    require_same_data(resumed_, checkpoint_state(0, {}), checkpoint);
-    restore_rng_states(resumed_.rng, rank_, world_, rng_devices());
+    const CheckpointState now = checkpoint_state(0, {});
+    require_same_data(resumed_, now, checkpoint);
+    resumed_position_ = resumed_position(resumed_, now);
+    continue_rng_states(resumed_.rng, rank_, options_.seed, rng_devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
   step_ = resumed_.step;
   log::main_info("resuming from {} (epoch {}, batch {}, step {})", checkpoint, resumed_.epoch, resumed_.batches_done,
                  resumed_.step);
+  continue_layout();
   if (options_.comm_hook == "powersgd" && step_ > options_.powersgd.start_powersgd_iter) {
     log::main_info("PowerSGD's error feedback and warm-start state are not in checkpoints: they start anew here, so "
                    "this run does not continue bit-identically");
@@ -69,14 +91,37 @@ void Run::resume_from(const std::string& checkpoint) {
   }
 }
 
+// A checkpoint of another world size or batch size: the learning rate follows the global batch, measured against
+// the batch the run started with (a resume that keeps the global batch keeps the rate), and the run says where
+// its epoch continues. Checkpoints that did not record the first batch size started with their own.
+void Run::continue_layout() {
+  const int64_t saved_batch = resumed_.batch_size > 0 ? resumed_.batch_size : options_.batch_size;
+  initial_batch_size_ = resumed_.initial_batch_size > 0 ? resumed_.initial_batch_size : saved_batch;
+  scale_base_lrs();
+  if (resumed_.world_size == world_ && saved_batch == options_.batch_size) return;
+  log::main_info("the run continues on {} ranks x batch {} where it stopped on {} x {}: epoch {} goes on from "
+                 "sample {} of {} in its order",
+                 world_, options_.batch_size, resumed_.world_size, saved_batch, resumed_.epoch, resumed_position_,
+                 train_set_->size());
+  const int64_t saved_global = resumed_.world_size * saved_batch, global = world_ * options_.batch_size;
+  if (options_.scale_lr_by_world_size && saved_global != global) {
+    log::main_info("the global batch goes from {} to {}: the learning rate's scale goes from {:g} to {:g} (global "
+                   "batch / the first batch size {})",
+                   saved_global, global, static_cast<double>(saved_global) / initial_batch_size_,
+                   static_cast<double>(global) / initial_batch_size_, initial_batch_size_);
+  }
+}
+
 // The run's state after `progress.batches_done` batches of `epoch`, with that epoch's loss and time so far.
 CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) const {
   CheckpointState state;
   state.epoch = epoch;
   state.batches_done = progress.batches_done;
+  state.sample_position = progress.batches_done > 0 ? position_done(progress) : 0;
   state.step = step_;
   state.lr = optimizer_.param_groups()[0].options().get_lr();
   state.base_lr = base_lrs_[0];
+  state.initial_batch_size = initial_batch_size_;
   state.lrf = options_.lrf;
   state.warmup_steps = options_.warmup_steps;
   state.epochs = options_.epochs;

@@ -34,7 +34,8 @@ TrainingLoaders make_training_loaders(const LoopOptions& options, int rank, int 
   }
   data::DistributedSamplerOptions first_rank = train_sampling;
   first_rank.rank = 0;
-  loaders.batches_per_epoch = train_batches(first_rank).num_batches();
+  loaders.first_rank.emplace(train_batches(first_rank));
+  loaders.batches_per_epoch = loaders.first_rank->num_batches();
   if (loaders.batches_per_epoch == 0) {
     throw InvalidArgument(fmt::format("the training set has {} samples: fewer than one batch of {} per rank over {} ranks",
                                       train_set->size(), options.batch_size, world_size));

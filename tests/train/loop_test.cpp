@@ -478,12 +478,19 @@ TEST(Loop, TrainsAModuleHeldByASharedPtrOrAnAnyModule) {
   EXPECT_EQ(Loop(options, nullptr).fit(any, any_sgd, separable_set(96, 7), nullptr).steps, 12);
 }
 
-TEST(Loop, ContinuingWithAnotherBatchSizeIsRefusedBecauseTheSamplesDoneWouldBeOthers) {
+// The checkpoint records where its epoch stands in the order, so another batch size goes on from there
+// (tests/train/reshaped_resume_test.cpp follows such runs); another order is refused.
+TEST(Loop, ContinuingWithAnotherBatchSizeGoesOnButAnotherShuffleIsRefused) {
   torch::nn::Sequential net = make_net(1);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05));
-  const std::string message = continuation_error("loop_other_batch", net, sgd,
-                                                 [](LoopOptions& options) { options.batch_size = kBatch * 2; });
-  EXPECT_NE(message.find("`batch_size` 8"), std::string::npos) << message;
+  EXPECT_EQ(continuation_error("loop_other_batch", net, sgd,
+                               [](LoopOptions& options) { options.batch_size = kBatch * 2; }),
+            "");
+  const std::string message = continuation_error("loop_other_shuffle", net, sgd,
+                                                 [](LoopOptions& options) { options.shuffle = false; });
+  EXPECT_NE(message.find("`seed` 0, `epochs` 3; resume with the same values (now 0, 3, unshuffled)"),
+            std::string::npos)
+      << message;
 }
 
 // Under a launcher, a Loop whose program forgot init_process_group() would train alone on every rank, all into

@@ -38,6 +38,36 @@ TEST(RngState, RowsOfAnotherWorldSizeAreRefused) {
   EXPECT_THROW(restore_rng_states(states, 0, 2, torch::kCPU), InvalidArgument);
 }
 
+// A run continued on another world size (issue 31): ranks the checkpoint had keep their streams, a new rank
+// draws from new_rank_seed(seed, rank), and the rows of ranks beyond the new world are dropped.
+TEST(RngState, AContinuedWorldKeepsTheRanksItSharesAndSeedsNewOnesFromTheRunSeed) {
+  torch::manual_seed(11);
+  const torch::Tensor rank0_state = gather_rng_states(nullptr, torch::kCPU).cpu[0].clone();
+  torch::manual_seed(22);
+  const torch::Tensor rank1_state = gather_rng_states(nullptr, torch::kCPU).cpu[0].clone();
+  RngStates states;
+  states.cpu = torch::stack({rank0_state, rank1_state});
+
+  const auto drawn_by = [&](int rank) {
+    torch::manual_seed(99);  // whatever the rank had before must not matter
+    continue_rng_states(states, rank, /*seed=*/5, {torch::kCPU});
+    return torch::rand({4});
+  };
+  const torch::Tensor rank1 = drawn_by(1), rank2 = drawn_by(2), rank3 = drawn_by(3);
+  torch::manual_seed(22);
+  EXPECT_TRUE(torch::equal(rank1, torch::rand({4}))) << "rank 1 of a larger world continues its own row";
+  torch::manual_seed(new_rank_seed(5, 2));
+  EXPECT_TRUE(torch::equal(rank2, torch::rand({4}))) << "rank 2 starts the stream of its own seed";
+  EXPECT_FALSE(torch::equal(rank2, rank3)) << "new ranks draw different streams";
+  EXPECT_TRUE(torch::equal(drawn_by(2), rank2)) << "the same in every run with that seed";
+  EXPECT_NE(new_rank_seed(5, 2), new_rank_seed(6, 2));
+  EXPECT_NE(new_rank_seed(5, 2), 5u);
+  // A world of one keeps rank 0's row and drops rank 1's.
+  const torch::Tensor rank0 = drawn_by(0);
+  torch::manual_seed(11);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), rank0));
+}
+
 std::string error_of(const std::function<void()>& call) {
   try {
     call();

@@ -8,8 +8,9 @@
 //   extra.<name>        the user's own tensors (ExtraState)
 //   __metadata__        format, model_class and optimizer (their C++ types), the archive's fingerprint, the
 //                       LibTorch major version,
-//                       epoch, step, batches_done, the schedule, the data order (sampler_seed, world_size,
-//                       batch_size, shuffle, drop_last), the training set (train_samples, train_fingerprint),
+//                       epoch, step, batches_done, sample_position, the schedule (with initial_batch_size), the
+//                       data order (sampler_seed, world_size, batch_size, shuffle, drop_last), the training set
+//                       (train_samples, train_fingerprint),
 //                       the unfinished epoch's loss and time, the precision and the loss scaler's state
 //                       (grad_scaler.*, 16-mixed), extra.<key>, and the checksums: crc32c.<entry> of each
 //                       entry's bytes, crc32c.__header__ of everything else in the header
@@ -34,17 +35,25 @@ inline constexpr const char* kCheckpointFormat = "tandem-checkpoint-3";
 
 struct CheckpointState {
   // The epoch being trained (0-based) and how many of its batches are done; a checkpoint at the end of epoch e
-  // holds epoch e + 1 and batches_done 0.
+  // holds epoch e + 1 and batches_done 0. batches_done counts each rank's batches of the layouts (world size,
+  // batch size) the epoch was trained on so far, so it only grows through an epoch; it names the checkpoint.
   int epoch = 0;
   int64_t batches_done = 0;
+  // Where those batches reach in the epoch's order: its positions [0, sample_position) are trained (0 at an
+  // epoch boundary). A run continues the epoch there on any world size and batch size. -1 in checkpoints of
+  // tandems that did not record it: batches_done * batch_size * world_size, capped at train_samples.
+  int64_t sample_position = 0;
   // Optimizer steps taken since the start of the run.
   int64_t step = 0;
   double lr = 0;       // the learning rate of the first param group when saved
-  double base_lr = 0;  // world-size-scaled initial lr of the first param group
+  double base_lr = 0;  // the first param group's initial lr, scaled by the global batch (train/loop_options.h)
+  // The per-rank batch size the run started with, which the learning rate's scale divides the global batch by;
+  // 0 in checkpoints of tandems that did not record it (their batch_size stands for it).
+  int64_t initial_batch_size = 0;
   double lrf = 0;
   int64_t warmup_steps = 0;
   int epochs = 0;
-  // The data order: with these and the epoch, batches_done says which samples are done.
+  // The data order of the layout that wrote the checkpoint.
   uint64_t sampler_seed = 0;
   int world_size = 1;
   int64_t batch_size = 0;  // per rank

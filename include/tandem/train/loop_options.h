@@ -53,9 +53,12 @@ struct LoopOptions {
   // strategy ddp; not with max_steps, checkpoint_every or the powersgd comm hook (each refused up front).
   bool uneven_inputs = false;
   LossFunction loss = cross_entropy_loss;
-  // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the world size
-  // (the seeds' linear scaling) unless scale_lr_by_world_size is off, then decayed by a cosine per epoch to
-  // base * lrf, after warmup_steps of linear warmup.
+  // The schedule (lr_schedule.h): each param group's lr at fit() is its base, multiplied by the global batch
+  // (world size x batch_size) over the batch_size the run started with (the seeds' linear scaling: the world size
+  // for a new run, and the same rate for a continued run that keeps the global batch) unless
+  // scale_lr_by_world_size is off, then decayed by a cosine per epoch to base * lrf, after warmup_steps of linear
+  // warmup. Warmup counts optimizer steps, whatever their size; the cosine follows epochs, so a run continued on
+  // another layout keeps its place in the decay.
   double lrf = 0.1;             // 1: a constant rate
   int64_t warmup_steps = 0;
   bool scale_lr_by_world_size = true;
@@ -64,7 +67,8 @@ struct LoopOptions {
   torch::Device device = torch::kCPU;
   int64_t prefetch_batches = 2;
   // Empty: runs/<timestamp>, chosen by rank 0. A run_dir that holds a checkpoint is continued from its newest
-  // one, so a restarted job (tandem run --max-restarts) picks up where it stopped.
+  // one, so a restarted job (tandem run --max-restarts) picks up where it stopped, on any world size and
+  // batch_size: its epoch goes on at the sample of its order where the checkpoint stopped (docs/checkpoint.md).
   std::string run_dir;
   // Without run_dir, under a launcher (tandem run, or torchrun with --rdzv-id): the run dir is
   // runs/<TORCHELASTIC_RUN_ID>, shared by every attempt of the job, so an attempt after a restart

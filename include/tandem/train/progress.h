@@ -32,7 +32,9 @@ class ProgressReporter {
 
   // Starts timing an epoch that begins at batch `first_batch` (non-zero after a mid-epoch resume). The run trains
   // at most `batches_to_train` batches of it from there (0: to the epoch's end), when max_steps stops it early.
-  void start_epoch(int epoch, int64_t first_batch = 0, int64_t batches_to_train = 0);
+  // `epoch_batches` > 0 replaces batches_per_epoch for this epoch: one continued on another world size or batch
+  // size counts the batches before the resume and this layout's after it.
+  void start_epoch(int epoch, int64_t first_batch = 0, int64_t batches_to_train = 0, int64_t epoch_batches = 0);
   // After batch `batch` (0-based) of the current epoch, with the running mean loss across ranks.
   void update(int64_t batch, double mean_loss);
   // Ends the bar's line (terminal mode).

@@ -42,4 +42,13 @@ RngStates gather_rng_states(comm::Communicator* communicator, torch::Device devi
 void restore_rng_states(const RngStates& states, int rank, int world_size, const std::vector<torch::Device>& devices);
 void restore_rng_states(const RngStates& states, int rank, int world_size, torch::Device device);
 
+// The same for a run continued on a world size of its own (train/loop.h): rank r takes row r where the states
+// hold one, so the ranks a checkpoint's world shares with this one draw on as if the run had not stopped (on the
+// same world size, every rank does, bit for bit). A rank beyond the rows (a larger world) seeds its generators
+// with new_rank_seed(seed, rank): a stream of its own, the same in every run with that seed. Rows of ranks beyond
+// this world are dropped. Throws InvalidArgument as restore_rng_states does for rows of another shape.
+void continue_rng_states(const RngStates& states, int rank, uint64_t seed, const std::vector<torch::Device>& devices);
+// splitmix64 of seed and rank: distinct ranks get unrelated streams, and none repeats the run's own seed.
+uint64_t new_rank_seed(uint64_t seed, int rank);
+
 }  // namespace tandem::train

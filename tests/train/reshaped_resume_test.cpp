@@ -1,0 +1,230 @@
+// A run stopped on N ranks x b continues on M ranks x b' (issue 31): with the same global batch it ends on the
+// uninterrupted run's trajectory (the CNN, 2 x 64 stopped at step 15 of 30, continued on 1 x 128 and on 4 x 32);
+// with another global batch the interrupted epoch still trains every sample once and the learning rate follows
+// the global batch; ZeRO's consolidated state is cut into the new world's shares, 16-mixed's loss scale carries
+// over, and what cannot continue is refused in one line. Ranks are threads (support/thread_ranks.h).
+#include <gtest/gtest.h>
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "support/thread_ranks.h"
+#include "support/tiny_datasets.h"
+#include "tandem/data/tensor_dataset.h"
+#include "tandem/nn/model_registry.h"
+#include "tandem/optim/zero_redundancy_optimizer.h"
+#include "tandem/train/loop.h"
+#include "tandem/train/run_directory.h"
+#include "tandem/util/error.h"
+
+// A namespace of its own: the tests of a folder are compiled as one unit.
+namespace tandem::train::reshaped_resume {
+namespace {
+
+using testing::make_temp_dir;
+
+constexpr int64_t kSamples = 1280;  // 10 global batches of 128: 3 epochs are the 30 steps
+constexpr double kLr = 0.02;
+
+// Images whose label is the sign pattern of two pixel sums, so that the CNN learns something in 30 steps.
+std::shared_ptr<const data::Dataset> image_set() {
+  torch::manual_seed(3);
+  const torch::Tensor images = torch::randn({kSamples, 1, 28, 28});
+  const torch::Tensor labels =
+      (images.slice(2, 0, 14).sum({1, 2, 3}) > 0).to(torch::kLong) * 2 + (images.select(3, 0).sum({1, 2}) > 0).to(torch::kLong);
+  return std::make_shared<data::TensorDataset>(images, labels);
+}
+
+LoopOptions options_for(const std::string& run_dir, int64_t batch_size) {
+  LoopOptions options;
+  options.drop_last = false;  // the same in every run of a run dir; no batch is partial but the 4 x 64 run's
+  options.epochs = 3;
+  options.batch_size = batch_size;
+  options.run_dir = run_dir;
+  options.lrf = 1;  // a constant rate: the scale is all there is to see in StepInfo::lr
+  options.progress = false;
+  options.report = false;
+  options.tensorboard = false;
+  options.keep_checkpoints = 0;
+  return options;
+}
+
+// What one fit() on `world` thread ranks left behind.
+struct Trained {
+  std::vector<torch::Tensor> weights;  // rank 0's
+  std::vector<StepInfo> steps;         // rank 0's, in order
+  TrainResult result;                  // rank 0's
+};
+
+enum class Optimizer { kSgd, kZero };
+
+// Every rank builds the CNN from the same seed and trains it with SGD (momentum), plain or sharded.
+Trained fit_on(int world, const LoopOptions& options, Optimizer kind = Optimizer::kSgd,
+               std::shared_ptr<const data::Dataset> train_set = image_set()) {
+  std::vector<nn::Model> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(1);
+    models.push_back(nn::make_model("cnn", {4, 1, 28}));
+  }
+  Trained trained;
+  testing::run_thread_ranks(world, [&](int rank, comm::Communicator& communicator) {
+    comm::CommunicatorPtr borrowed(&communicator, [](comm::Communicator*) {});
+    std::vector<torch::Tensor> parameters = models[rank].module.ptr()->parameters();
+    Loop loop(options, borrowed);
+    if (rank == 0) loop.callbacks().on_step = [&](const StepInfo& info) { trained.steps.push_back(info); };
+    TrainResult result;
+    if (kind == Optimizer::kZero) {
+      optim::ZeroRedundancyOptimizer sharded(
+          parameters, optim::make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(kLr).momentum(0.9)), borrowed);
+      result = loop.fit(models[rank].module, sharded, train_set, nullptr);
+    } else {
+      torch::optim::SGD sgd(parameters, torch::optim::SGDOptions(kLr).momentum(0.9));
+      result = loop.fit(models[rank].module, sgd, train_set, nullptr);
+    }
+    if (rank == 0) trained.result = result;
+  }, std::chrono::seconds(120));
+  for (const auto& p : models[0].module.ptr()->parameters()) trained.weights.push_back(p.detach().clone());
+  return trained;
+}
+
+// ||a - b|| / ||b|| over all the tensors together.
+double relative_l2(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference += (a[i] - b[i]).pow(2).sum().item<double>();
+    norm += b[i].pow(2).sum().item<double>();
+  }
+  return std::sqrt(difference / norm);
+}
+
+// 2 x 64 stopped at step 15 (inside epoch 1, after 5 of its 10 batches) into a run dir of its own.
+std::string stopped_on_two_ranks(const std::string& name, Optimizer kind = Optimizer::kSgd) {
+  const std::string run_dir = make_temp_dir(name);
+  LoopOptions stopped = options_for(run_dir, 64);
+  stopped.max_steps = 15;
+  EXPECT_EQ(fit_on(2, stopped, kind).result.steps, 15);
+  return run_dir;
+}
+
+// The issue's acceptance test: the global batch stays 128, so global batch j of the continued run holds the
+// samples of the uninterrupted run's, and the rate stays 2 x kLr.
+TEST(ReshapedResume, TheSameGlobalBatchOnOtherRanksEndsOnTheUninterruptedTrajectory) {
+  const Trained whole = fit_on(2, options_for(make_temp_dir("reshaped_whole"), 64));
+  ASSERT_EQ(whole.result.steps, 30);
+  for (const auto& [world, batch] : {std::pair<int, int64_t>{1, 128}, {4, 32}}) {
+    SCOPED_TRACE(std::to_string(world) + " x " + std::to_string(batch));
+    const std::string run_dir = stopped_on_two_ranks("reshaped_to_" + std::to_string(world));
+    const Trained continued = fit_on(world, options_for(run_dir, batch));
+    ASSERT_EQ(continued.steps.size(), 15u);
+    EXPECT_EQ(continued.steps.front().step, 16);
+    EXPECT_EQ(continued.steps.front().epoch, 1);
+    EXPECT_EQ(continued.result.steps, 30);
+    for (const StepInfo& step : continued.steps) EXPECT_DOUBLE_EQ(step.lr, 2 * kLr) << "step " << step.step;
+    for (size_t i = 0; i < continued.steps.size(); ++i) {
+      EXPECT_NEAR(continued.steps[i].loss, whole.steps[15 + i].loss, 1e-4 * std::abs(whole.steps[15 + i].loss))
+          << "step " << continued.steps[i].step;
+    }
+    const double difference = relative_l2(continued.weights, whole.weights);
+    std::cout << "2 x 64 -> " << world << " x " << batch << ": final parameters differ by " << difference
+              << " (relative L2) from the uninterrupted run\n";
+    EXPECT_LT(difference, 1e-4);
+  }
+}
+
+// 2 x 64 continued on 4 x 64: the 640 samples left of epoch 1 make 3 global batches of
+// 256 (the last one half full on every rank), the rate doubles, and the checkpoints go on counting batches after
+// the stopped run's.
+TEST(ReshapedResume, AnotherGlobalBatchTrainsTheRestOfTheEpochOnceAtTheScaledRate) {
+  const std::string run_dir = stopped_on_two_ranks("reshaped_wider");
+  LoopOptions wider = options_for(run_dir, 64);
+  wider.checkpoint_every = 1;
+  const Trained continued = fit_on(4, wider);
+  // Epoch 1: 3 steps (5 were done before); epoch 2: 1280 / 256 = 5.
+  ASSERT_EQ(continued.steps.size(), 8u);
+  EXPECT_EQ(continued.steps[2].epoch, 1);
+  EXPECT_EQ(continued.steps[3].epoch, 2);
+  for (const StepInfo& step : continued.steps) EXPECT_DOUBLE_EQ(step.lr, 4 * kLr) << "global batch 256 over 64";
+  ASSERT_EQ(continued.result.epochs.size(), 2u);
+  EXPECT_EQ(continued.result.steps, 23);
+  EXPECT_EQ(list_checkpoints(run_dir).back(), checkpoint_path(run_dir, 3, 0));
+  // Inside epoch 1 the names go on from the stopped run's batch 5, so that the newest stays the last one.
+  const std::vector<std::string> names = list_checkpoints(run_dir);
+  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 6)), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 7)), names.end());
+}
+
+// A checkpoint written inside a continued epoch continues again, on a third layout: 2 x 64 -> 4 x 64 stopped
+// one step later (samples [0, 896) done) -> 1 x 128, whose epoch 1 then holds the 3 batches of 128 left.
+TEST(ReshapedResume, AContinuedEpochContinuesAgainOnAThirdLayout) {
+  const std::string run_dir = stopped_on_two_ranks("reshaped_twice");
+  LoopOptions wider = options_for(run_dir, 64);
+  wider.max_steps = 16;
+  ASSERT_EQ(fit_on(4, wider).result.steps, 16);
+  const Trained last = fit_on(1, options_for(run_dir, 128));
+  ASSERT_GE(last.steps.size(), 4u);
+  EXPECT_EQ(last.steps[2].epoch, 1);
+  EXPECT_EQ(last.steps[3].epoch, 2) << "epoch 1 had (1280 - 896) / 128 = 3 batches left";
+}
+
+// ZeRO saves its state consolidated: continued on 1 or 3 ranks, each rank takes its share of the new partition,
+// and the trajectory is the uninterrupted one's (same global batch).
+TEST(ReshapedResume, ZeroContinuesOnAnotherWorldSizeWithItsStateRecut) {
+  const Trained whole = fit_on(2, options_for(make_temp_dir("reshaped_zero_whole"), 64), Optimizer::kZero);
+  const std::string run_dir = stopped_on_two_ranks("reshaped_zero_to_1", Optimizer::kZero);
+  const Trained on_one = fit_on(1, options_for(run_dir, 128), Optimizer::kZero);
+  EXPECT_EQ(on_one.result.steps, 30);
+  EXPECT_LT(relative_l2(on_one.weights, whole.weights), 1e-4);
+
+  // 3 ranks of 64: another global batch, so only that it trains on, from the momentum it was given.
+  const std::string other_dir = stopped_on_two_ranks("reshaped_zero_to_3", Optimizer::kZero);
+  const Trained on_three = fit_on(3, options_for(other_dir, 64), Optimizer::kZero);
+  EXPECT_EQ(on_three.steps.front().step, 16);
+  for (const auto& w : on_three.weights) EXPECT_TRUE(torch::isfinite(w).all().item<bool>());
+}
+
+// 16-mixed's scaler state (growing every 3 steps here) carries over to the new layout.
+TEST(ReshapedResume, SixteenMixedCarriesItsLossScaleOver) {
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "1.13's CPU autocast has no float16";
+#endif
+  auto with_scaler = [](LoopOptions options) {
+    options.precision = amp::Precision::kFloat16Mixed;
+    options.grad_scaler.growth_interval = 3;
+    return options;
+  };
+  const Trained whole = fit_on(2, with_scaler(options_for(make_temp_dir("reshaped_fp16_whole"), 64)));
+  const std::string run_dir = make_temp_dir("reshaped_fp16");
+  LoopOptions stopped = with_scaler(options_for(run_dir, 64));
+  stopped.max_steps = 15;
+  fit_on(2, stopped);
+  const Trained continued = fit_on(1, with_scaler(options_for(run_dir, 128)));
+  ASSERT_EQ(continued.steps.size(), 15u);
+  for (size_t i = 0; i < continued.steps.size(); ++i) {
+    EXPECT_EQ(continued.steps[i].loss_scale, whole.steps[15 + i].loss_scale) << "step " << continued.steps[i].step;
+  }
+}
+
+// The position counts samples of the epoch's order: another seed makes another order, and is refused.
+TEST(ReshapedResume, AnotherSeedIsRefusedInOneLineNamingIt) {
+  const std::string run_dir = stopped_on_two_ranks("reshaped_other_seed");
+  LoopOptions other = options_for(run_dir, 128);
+  other.seed = 9;
+  try {
+    fit_on(1, other);
+    ADD_FAILURE() << "continued under another seed";
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("`seed` 0"), std::string::npos) << message;
+    EXPECT_NE(message.find("`run_dir`"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::train::reshaped_resume
