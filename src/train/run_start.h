@@ -14,7 +14,9 @@ struct RunStart {
   std::string checkpoint;  // empty: a new run
 };
 
-// Collective. Throws InvalidArgument on every rank when `resume` finds nothing to continue.
+// Collective. Throws InvalidArgument on every rank when `resume` finds nothing to continue, and on a rank that
+// cannot read the marker rank 0 leaves in the run dir (or the checkpoint it chose): a run dir that is not on
+// storage every rank sees (the others then throw Error naming that rank).
 RunStart start_run(const LoopOptions& options, comm::Communicator* communicator);
 
 }  // namespace tandem::train
