@@ -21,6 +21,7 @@
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/loop.h"
 #include "tandem/train/run_directory.h"
+#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 // A namespace of its own: the tests of a folder are compiled as one unit.
@@ -32,12 +33,15 @@ using testing::make_temp_dir;
 constexpr int64_t kSamples = 1280;  // 10 global batches of 128: 3 epochs are the 30 steps
 constexpr double kLr = 0.02;
 
-// Images whose label is the sign pattern of two pixel sums, so that the CNN learns something in 30 steps.
+// Noisy images of 4 classes, each with a brighter band of rows of its own, so that the CNN learns in 30 steps and
+// its weights move far more than the 1e-4 the tests allow.
 std::shared_ptr<const data::Dataset> image_set() {
   torch::manual_seed(3);
-  const torch::Tensor images = torch::randn({kSamples, 1, 28, 28});
-  const torch::Tensor labels =
-      (images.slice(2, 0, 14).sum({1, 2, 3}) > 0).to(torch::kLong) * 2 + (images.select(3, 0).sum({1, 2}) > 0).to(torch::kLong);
+  const torch::Tensor labels = torch::arange(kSamples, torch::kLong).remainder(4);
+  torch::Tensor images = torch::randn({kSamples, 1, 28, 28}) * 0.5;
+  for (int64_t label = 0; label < 4; ++label) {
+    images.index_put_({labels == label, 0, torch::indexing::Slice(label * 7, label * 7 + 3)}, 1.5);
+  }
   return std::make_shared<data::TensorDataset>(images, labels);
 }
 
@@ -103,12 +107,16 @@ double relative_l2(const std::vector<torch::Tensor>& a, const std::vector<torch:
   return std::sqrt(difference / norm);
 }
 
-// 2 x 64 stopped at step 15 (inside epoch 1, after 5 of its 10 batches) into a run dir of its own.
-std::string stopped_on_two_ranks(const std::string& name, Optimizer kind = Optimizer::kSgd) {
+// 2 x 64 stopped at step 15 (inside epoch 1, after 5 of its 10 batches) into a run dir of its own; `weights`
+// gets its weights there.
+std::string stopped_on_two_ranks(const std::string& name, Optimizer kind = Optimizer::kSgd,
+                                 std::vector<torch::Tensor>* weights = nullptr) {
   const std::string run_dir = make_temp_dir(name);
   LoopOptions stopped = options_for(run_dir, 64);
   stopped.max_steps = 15;
-  EXPECT_EQ(fit_on(2, stopped, kind).result.steps, 15);
+  const Trained trained = fit_on(2, stopped, kind);
+  EXPECT_EQ(trained.result.steps, 15);
+  if (weights) *weights = trained.weights;
   return run_dir;
 }
 
@@ -119,7 +127,8 @@ TEST(ReshapedResume, TheSameGlobalBatchOnOtherRanksEndsOnTheUninterruptedTraject
   ASSERT_EQ(whole.result.steps, 30);
   for (const auto& [world, batch] : {std::pair<int, int64_t>{1, 128}, {4, 32}}) {
     SCOPED_TRACE(std::to_string(world) + " x " + std::to_string(batch));
-    const std::string run_dir = stopped_on_two_ranks("reshaped_to_" + std::to_string(world));
+    std::vector<torch::Tensor> at_stop;
+    const std::string run_dir = stopped_on_two_ranks("reshaped_to_" + std::to_string(world), Optimizer::kSgd, &at_stop);
     const Trained continued = fit_on(world, options_for(run_dir, batch));
     ASSERT_EQ(continued.steps.size(), 15u);
     EXPECT_EQ(continued.steps.front().step, 16);
@@ -131,10 +140,34 @@ TEST(ReshapedResume, TheSameGlobalBatchOnOtherRanksEndsOnTheUninterruptedTraject
           << "step " << continued.steps[i].step;
     }
     const double difference = relative_l2(continued.weights, whole.weights);
+    const double trained_after_stop = relative_l2(at_stop, whole.weights);
     std::cout << "2 x 64 -> " << world << " x " << batch << ": final parameters differ by " << difference
-              << " (relative L2) from the uninterrupted run\n";
+              << " (relative L2) from the uninterrupted run, which moved them by " << trained_after_stop
+              << " after step 15\n";
     EXPECT_LT(difference, 1e-4);
+    EXPECT_GT(trained_after_stop, 1e-2) << "the last 15 steps must move the weights for the bound to mean anything";
   }
+}
+
+// A checkpoint of an older tandem records neither its position nor the first batch size: its batches on its own
+// layout stand for them (5 batches x 64 x 2 ranks), so it continues on 1 x 128 as a new one does.
+TEST(ReshapedResume, ACheckpointWithoutItsPositionContinuesFromItsBatchesOnItsLayout) {
+  const Trained whole = fit_on(2, options_for(make_temp_dir("reshaped_old_whole"), 64));
+  const std::string run_dir = stopped_on_two_ranks("reshaped_old_format");
+  const std::string newest = checkpoint_path(run_dir, 1, 5);
+  train::TensorFile file = train::load_safetensors(newest);
+  for (auto it = file.metadata.begin(); it != file.metadata.end();) {
+    const bool dropped = it->first.rfind("crc32c.", 0) == 0 || it->first == "sample_position" ||
+                         it->first == "initial_batch_size";
+    it = dropped ? file.metadata.erase(it) : std::next(it);
+  }
+  file.metadata["format"] = "tandem-checkpoint-2";  // the format before checksums, which loads unverified
+  train::save_safetensors(newest, file.tensors, file.metadata);
+
+  const Trained continued = fit_on(1, options_for(run_dir, 128));
+  ASSERT_EQ(continued.steps.size(), 15u);
+  EXPECT_DOUBLE_EQ(continued.steps.front().lr, 2 * kLr) << "the first batch size is the checkpoint's 64";
+  EXPECT_LT(relative_l2(continued.weights, whole.weights), 1e-4);
 }
 
 // 2 x 64 continued on 4 x 64: the 640 samples left of epoch 1 make 3 global batches of
