@@ -43,6 +43,9 @@ struct Cell {
   int accumulate() const { return std::stoi(at("accumulate")); }
   bool uneven() const { return at("uneven") == "on"; }
   bool kill() const { return at("resume") == "kill"; }
+  bool reshape() const { return at("resume") == "reshape"; }
+  // Where a reshape cell continues: 2 and 3 ranks (or dp replicas) swap.
+  int other_ranks() const { return ranks() == 2 ? 3 : 2; }
   bool data_parallel() const { return at("strategy") == "dp"; }
   bool refused() const { return expected.rfind("refused: ", 0) == 0; }
 };
@@ -139,9 +142,10 @@ struct CellRun {
   std::vector<std::string> train_args;
 };
 
-CellRun command_for(const Cell& cell, const std::string& data, const std::string& weights) {
+// `ranks`: the cell's own, or the other number a reshape continues on.
+CellRun command_for(const Cell& cell, const std::string& data, const std::string& weights, int ranks) {
   CellRun run;
-  run.launcher_args = {"--nproc-per-node", cell.data_parallel() ? "1" : std::to_string(cell.ranks())};
+  run.launcher_args = {"--nproc-per-node", cell.data_parallel() ? "1" : std::to_string(ranks)};
   if (cell.kill()) run.launcher_args.insert(run.launcher_args.end(), {"--max-restarts", "1"});
   run.train_args = {"--data", data, "--model", cell.data_parallel() ? "cnn" : "cnn-bn", "--epochs",
                     std::to_string(kEpochs), "--batch-size", std::to_string(kBatch), "--threads", "1", "--seed", "3",
@@ -149,14 +153,30 @@ CellRun command_for(const Cell& cell, const std::string& data, const std::string
                     "--accumulate-batches", std::to_string(cell.accumulate()), "--comm-hook", cell.at("comm hook"),
                     "--powersgd-start", "2", "--no-tensorboard", "--no-report", "--save-weights", weights};
   if (cell.data_parallel()) {
-    run.train_args.insert(run.train_args.end(), {"--strategy", "dp", "--dp-replicas", std::to_string(cell.ranks())});
+    run.train_args.insert(run.train_args.end(), {"--strategy", "dp", "--dp-replicas", std::to_string(ranks)});
   }
   if (cell.at("strategy") == "zero") run.train_args.push_back("--zero");
   if (cell.uneven()) run.train_args.push_back("--uneven");
   if (cell.at("sync-bn") == "on") run.train_args.push_back("--sync-bn");
   // Inside an epoch the newest checkpoint is then at most a step behind; uneven runs checkpoint at epoch ends.
   if (cell.kill() && !cell.uneven()) run.train_args.insert(run.train_args.end(), {"--checkpoint-every", "2"});
+  // Both parts of a reshape share the launcher's run id, so the second finds the first's run dir as a restarted
+  // job would.
+  if (cell.reshape()) {
+    run.launcher_args.insert(run.launcher_args.end(), {"--run-id", "matrix-cell" + std::to_string(cell.id)});
+  }
   return run;
+}
+
+CellRun command_for(const Cell& cell, const std::string& data, const std::string& weights) {
+  return command_for(cell, data, weights, cell.ranks());
+}
+
+// The first step of epoch 1, where a reshape cell's first part stops (`--steps`).
+int64_t reshape_stop(const Cell& cell) {
+  return steps_per_epoch(training_samples(cell), cell.data_parallel() ? 1 : cell.ranks(), 0, cell.uneven(),
+                         cell.accumulate()) +
+         1;
 }
 
 // Runs `tandem run ... -- tandem train ...` in `cwd`, where the run dirs go (no --run-dir: a restarted attempt
@@ -190,7 +210,9 @@ TEST_P(InteractionMatrix, CellDoesWhatTheDocsSay) {
   const std::string data = write_tiny_mnist(name + "_data", static_cast<int>(training_samples(cell)), 12);
   const std::string root = make_temp_dir(name);
   std::filesystem::create_directories(root + "/whole");
-  const CellRun whole_run = command_for(cell, data, root + "/whole.safetensors");
+  CellRun whole_run = command_for(cell, data, root + "/whole.safetensors");
+  // A reshape cell's first part is its stopped run (the continued run then trains to the end).
+  if (cell.reshape()) whole_run.train_args.insert(whole_run.train_args.end(), {"--steps", std::to_string(reshape_stop(cell))});
 
   std::string refusal = cell.refused() ? cell.expected.substr(std::string("refused: ").size()) : "";
   // The two values that depend on the build (docs/interactions.md).
@@ -212,7 +234,33 @@ TEST_P(InteractionMatrix, CellDoesWhatTheDocsSay) {
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   ASSERT_NE(whole.output.find("[epoch 1]"), std::string::npos) << whole.output;
 
-  if (cell.kill()) {
+  if (cell.reshape()) {
+    const ProcessResult continued =
+        run_cell(root + "/whole", command_for(cell, data, root + "/continued.safetensors", cell.other_ranks()));
+    ASSERT_FALSE(continued.timed_out) << continued.output;
+    ASSERT_EQ(continued.exit_code, 0) << continued.output;
+    EXPECT_NE(continued.output.find("resuming from"), std::string::npos) << continued.output;
+    EXPECT_NE(continued.output.find("[epoch 1]"), std::string::npos) << continued.output;
+    if (cell.data_parallel()) {
+      // One process on the whole batch, all the epochs.
+      CellRun reference = command_for(cell, data, root + "/reference.safetensors");
+      const auto strategy = std::find(reference.train_args.begin(), reference.train_args.end(), "--strategy");
+      reference.train_args.erase(strategy, strategy + 4);  // --strategy dp --dp-replicas N
+      reference.launcher_args.resize(2);                   // no --run-id: a run of its own
+      std::filesystem::create_directories(root + "/reference");
+      const ProcessResult one = run_cell(root + "/reference", reference);
+      ASSERT_EQ(one.exit_code, 0) << one.output;
+      const double difference = largest_difference(root + "/reference.safetensors", root + "/continued.safetensors");
+      std::printf("cell %d: stopped at step %lld on %d replicas, continued on %d; largest difference from one "
+                  "process on the whole batch %g\n",
+                  cell.id, static_cast<long long>(reshape_stop(cell)), cell.ranks(), cell.other_ranks(), difference);
+      EXPECT_LE(difference, cell.at("precision") == "32" ? 1e-4 : 2e-2);
+    } else {
+      const std::string moved = "continues on " + std::to_string(cell.other_ranks()) + " ranks";
+      EXPECT_NE(continued.output.find(moved), std::string::npos) << continued.output;
+      EXPECT_NE(continued.output.find("the learning rate's scale goes from"), std::string::npos) << continued.output;
+    }
+  } else if (cell.kill()) {
     // Killed inside epoch 1, at its second step: rank 1, or under uneven inputs rank 0 (the one rank that never
     // shadows, so it surely reaches that step in its own training); dp's one process.
     const int64_t samples = training_samples(cell);
