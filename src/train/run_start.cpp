@@ -53,7 +53,7 @@ std::string fresh_nonce() {
   return fmt::format("{:08x}{:08x}-{}-{}", entropy(), entropy(), ::getpid(), now);
 }
 
-std::string host_name() {
+std::string node_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "an unnamed host";
   return name;
@@ -89,7 +89,7 @@ void require_shared_run_dir(const RunStart& start, comm::Communicator& communica
     throw InvalidArgument(fmt::format(
         "rank {} on {} {} in the run dir {} ({}): every rank must see rank 0's run dir; put `run_dir` on storage "
         "every node mounts (a shared file system), as an absolute path",
-        communicator.rank(), host_name(), problem, start.run_dir,
+        communicator.rank(), node_name(), problem, start.run_dir,
         std::filesystem::absolute(start.run_dir).string()));
   });
 }

@@ -16,7 +16,8 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/util/error.h"
 
-namespace tandem::data {
+// A namespace of its own: the tests of a folder are compiled as one unit.
+namespace tandem::data::resumed_epoch {
 namespace {
 
 constexpr uint64_t kSeed = 11;
@@ -200,4 +201,4 @@ TEST(ResumedEpoch, FewerSamplesLeftThanRanksArePaddedFromTheOrdersStart) {
 }
 
 }  // namespace
-}  // namespace tandem::data
+}  // namespace tandem::data::resumed_epoch
