@@ -99,10 +99,10 @@ void Run::continue_layout() {
   initial_batch_size_ = resumed_.initial_batch_size > 0 ? resumed_.initial_batch_size : saved_batch;
   scale_base_lrs();
   if (resumed_.world_size == world_ && saved_batch == options_.batch_size) return;
-  log::main_info("the run continues on {} ranks x batch {} where it stopped on {} x {}: epoch {} goes on from "
+  log::main_info("the run continues on {} rank{} x batch {} where it stopped on {} x {}: epoch {} goes on from "
                  "sample {} of {} in its order",
-                 world_, options_.batch_size, resumed_.world_size, saved_batch, resumed_.epoch, resumed_position_,
-                 train_set_->size());
+                 world_, world_ == 1 ? "" : "s", options_.batch_size, resumed_.world_size, saved_batch, resumed_.epoch,
+                 resumed_position_, train_set_->size());
   const int64_t saved_global = resumed_.world_size * saved_batch, global = world_ * options_.batch_size;
   if (options_.scale_lr_by_world_size && saved_global != global) {
     log::main_info("the global batch goes from {} to {}: the learning rate's scale goes from {:g} to {:g} (global "
