@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "support/thread_ranks.h"
@@ -149,25 +150,47 @@ TEST(ReshapedResume, TheSameGlobalBatchOnOtherRanksEndsOnTheUninterruptedTraject
   }
 }
 
+// Rewrites the checkpoint as an older tandem wrote it: without `keys` and checksums, in the format before them
+// (which loads unverified).
+void as_older_tandem_wrote_it(const std::string& path, const std::set<std::string>& keys) {
+  train::TensorFile file = train::load_safetensors(path);
+  for (auto it = file.metadata.begin(); it != file.metadata.end();) {
+    const bool dropped = it->first.rfind("crc32c.", 0) == 0 || keys.count(it->first);
+    it = dropped ? file.metadata.erase(it) : std::next(it);
+  }
+  file.metadata["format"] = "tandem-checkpoint-2";
+  train::save_safetensors(path, file.tensors, file.metadata);
+}
+
 // A checkpoint of an older tandem records neither its position nor the first batch size: its batches on its own
 // layout stand for them (5 batches x 64 x 2 ranks), so it continues on 1 x 128 as a new one does.
 TEST(ReshapedResume, ACheckpointWithoutItsPositionContinuesFromItsBatchesOnItsLayout) {
   const Trained whole = fit_on(2, options_for(make_temp_dir("reshaped_old_whole"), 64));
   const std::string run_dir = stopped_on_two_ranks("reshaped_old_format");
-  const std::string newest = checkpoint_path(run_dir, 1, 5);
-  train::TensorFile file = train::load_safetensors(newest);
-  for (auto it = file.metadata.begin(); it != file.metadata.end();) {
-    const bool dropped = it->first.rfind("crc32c.", 0) == 0 || it->first == "sample_position" ||
-                         it->first == "initial_batch_size";
-    it = dropped ? file.metadata.erase(it) : std::next(it);
-  }
-  file.metadata["format"] = "tandem-checkpoint-2";  // the format before checksums, which loads unverified
-  train::save_safetensors(newest, file.tensors, file.metadata);
+  as_older_tandem_wrote_it(checkpoint_path(run_dir, 1, 5), {"sample_position", "initial_batch_size"});
 
   const Trained continued = fit_on(1, options_for(run_dir, 128));
   ASSERT_EQ(continued.steps.size(), 15u);
   EXPECT_DOUBLE_EQ(continued.steps.front().lr, 2 * kLr) << "the first batch size is the checkpoint's 64";
   EXPECT_LT(relative_l2(continued.weights, whole.weights), 1e-4);
+}
+
+// The first checkpoints recorded no batch size either: inside an epoch, their batches count samples only on the
+// world size that wrote them (with this run's batch size), so another world size is refused in one line.
+TEST(ReshapedResume, ACheckpointWithoutItsBatchSizeContinuesOnlyOnItsWorldSize) {
+  const std::string run_dir = stopped_on_two_ranks("reshaped_no_batch_size");
+  as_older_tandem_wrote_it(checkpoint_path(run_dir, 1, 5), {"sample_position", "initial_batch_size", "batch_size"});
+  try {
+    fit_on(1, options_for(run_dir, 128));
+    ADD_FAILURE() << "continued on another world size without knowing what its batches held";
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("did not record its batch size, on world size 2: continue it on 2 ranks"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_EQ(fit_on(2, options_for(run_dir, 64)).steps.front().step, 16) << "its own world size continues";
 }
 
 // 2 x 64 continued on 4 x 64: the 640 samples left of epoch 1 make 3 global batches of
