@@ -4,7 +4,10 @@
 //   lf(epoch) = ((1 + cos(epoch * pi / epochs)) / 2) * (1 - lrf) + lrf
 // Epoch e (0-based) trains with base_lr * lf(e). An optional linear warmup (Goyal et al., arXiv:1706.02677, for
 // the large batches of many ranks) scales the first warmup_steps optimizer steps by (step + 1) / warmup_steps.
-// The schedule is a pure function of (epoch, step), so a checkpoint restores it from those two numbers.
+// The schedule is a pure function of (epoch, step), so a checkpoint restores it from those two numbers. A run
+// continued on another world size or batch size (docs/checkpoint.md) keeps both: the cosine stays at its epoch,
+// and warmup counts optimizer steps whatever their size, so it ends at the same step, of the new global batch.
+// The base the factors multiply follows the global batch (train/loop_options.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,7 +16,7 @@ namespace tandem::train {
 
 class CosineSchedule {
  public:
-  // base_lr is the already world-size-scaled rate; epochs > 0; warmup_steps >= 0 (0: none).
+  // base_lr is the already scaled rate (by the global batch); epochs > 0; warmup_steps >= 0 (0: none).
   CosineSchedule(double base_lr, double lrf, int epochs, int64_t warmup_steps = 0)
       : base_lr_(base_lr), lrf_(lrf), epochs_(epochs), warmup_steps_(warmup_steps) {}
 
