@@ -93,7 +93,9 @@ void check_continuation(int64_t n, const Layout& first, const Layout& second, in
   const auto after = batches_of(n, second, position, tail);
   for (const auto& rank : after) {
     for (const IndexBatch& batch : rank) add_real(batch, seen);
-    if (!second.uneven) EXPECT_EQ(rank.size(), after[0].size()) << "every rank has rank 0's number of batches";
+    if (!second.uneven) {
+      EXPECT_EQ(rank.size(), after[0].size()) << "every rank has rank 0's number of batches";
+    }
   }
   int64_t dropped = 0;
   for (int64_t sample = 0; sample < n; ++sample) {
