@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 
 #include "tandem/util/compat.h"
@@ -55,7 +57,32 @@ int bind_endpoint(const std::string& host, int port) {
   return -1;
 }
 
+// Whether something accepts connections at host:port within `timeout`; throws std::runtime_error saying why
+// not. Tried before TCPStore's own connect, which logs an error line for every try that fails.
+void probe(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  AddressList addresses = resolve_endpoint(host, port, AI_NUMERICSERV);
+  if (!addresses) throw std::runtime_error(fmt::format("{} names no host this node can find", host));
+  std::string why = "no address";
+  for (const addrinfo* address = addresses.get(); address != nullptr; address = address->ai_next) {
+    const int fd = ::socket(address->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    int error = ::connect(fd, address->ai_addr, address->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd wait{fd, POLLOUT, 0};
+      socklen_t length = sizeof(error);
+      error = ::poll(&wait, 1, static_cast<int>(timeout.count())) == 1
+                  ? (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 ? error : errno)
+                  : ETIMEDOUT;
+    }
+    ::close(fd);
+    if (error == 0) return;
+    why = std::strerror(error);
+  }
+  throw std::runtime_error(why);
+}
+
 c10::intrusive_ptr<c10d::Store> connect_once(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  probe(host, port, timeout);
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   options.isServer = false;

@@ -182,17 +182,18 @@ class ElasticAgent {
                                          std::string& store_error) {
     bool marked = false;
     while (!watch.finished()) {
+      bool all = false;
       try {
         std::lock_guard<std::mutex> lock(store_mutex_);
-        const bool all = marked ? rounds_.all_succeeded() : rounds_.mark_succeeded();
+        all = marked ? rounds_.all_succeeded() : rounds_.mark_succeeded();
         marked = true;
-        if (all) return leave(membership, 0);
       } catch (const Error&) {
         throw;
       } catch (const std::exception& error) {
         store_error = first_line(error.what());
         return std::nullopt;
       }
+      if (all) return leave(membership, 0);
       if (supervisor_.wait_for_signal(kAgentPoll) != 0) {
         report(fmt::format("received {} after this node's workers had finished", signal_name(supervisor_.signal_received())));
         return leave(membership, 128 + supervisor_.signal_received());

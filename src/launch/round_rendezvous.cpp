@@ -51,10 +51,17 @@ void RoundRendezvous::enter(Clock::time_point now) {
   for (const auto& [what, value] : signature_) {
     const std::string stored = text_of(store_->compareSet("job/" + what, {}, bytes_of(value)));
     if (stored != value) {
+      // Commands can be long: the line shows each around where the two part.
+      size_t parting = 0;
+      while (parting < value.size() && parting < stored.size() && value[parting] == stored[parting]) ++parting;
+      const size_t from = parting > 20 ? parting - 20 : 0;
+      const auto shown = [from](const std::string& text) {
+        return (from > 0 ? "..." : "") + text.substr(from, 40) + (text.size() > from + 40 ? "..." : "");
+      };
       throw InvalidArgument(fmt::format(
           "this node's {} is {}, but the job's other nodes run {}: every node of an elastic job must run the same "
           "workers; give the same flags on every node, or a job of its own a `run_id` of its own",
-          what, value, stored));
+          what, shown(value), shown(stored)));
     }
   }
   int round = is_set(kLastClosedKey) ? std::stoi(read(kLastClosedKey)) : 0;
