@@ -11,7 +11,7 @@ constexpr auto kIpDeadline = std::chrono::seconds(10);
 
 }  // namespace
 
-NetworkNamespaces::NetworkNamespaces() {
+NetworkNamespaces::NetworkNamespaces(int hosts) {
   if (::geteuid() != 0) {
     unusable_reason_ = "network namespaces need root";
     return;
@@ -21,36 +21,45 @@ NetworkNamespaces::NetworkNamespaces() {
     return;
   }
   const std::string prefix = "tdm" + std::to_string(::getpid());
-  for (const char host : {'a', 'b'}) {
-    const std::string name = prefix + host;
-    std::string error;
+  std::string error;
+  switch_ = prefix + "sw";
+  if (!ip({"netns", "add", switch_}, error)) {
+    unusable_reason_ = "cannot create a network namespace: " + error;
+    return;
+  }
+  created_.push_back(switch_);
+  if (!ip({"-n", switch_, "link", "add", "br0", "type", "bridge"}, error) ||
+      !ip({"-n", switch_, "link", "set", "br0", "up"}, error)) {
+    unusable_reason_ = "cannot make the bridge between the network namespaces: " + error;
+    return;
+  }
+  for (int host = 0; host < hosts; ++host) {
+    const std::string name = prefix + static_cast<char>('a' + host);
     if (!ip({"netns", "add", name}, error)) {
       unusable_reason_ = "cannot create a network namespace: " + error;
       return;
     }
+    created_.push_back(name);
     namespaces_.push_back(name);
-    // Interface names hold at most 15 characters; "tdm" + a pid + one letter does.
+    // Interface names hold at most 15 characters; "tdm" + a pid + one letter does. Both ends are made inside
+    // the namespaces, so nothing appears in the machine's own.
     interfaces_.push_back(name);
-  }
-  std::string error;
-  bool made = ip({"link", "add", interfaces_[0], "type", "veth", "peer", "name", interfaces_[1]}, error);
-  for (int host = 0; made && host < 2; ++host) {
-    const std::string& name = namespaces_[static_cast<size_t>(host)];
-    made = ip({"link", "set", interface(host), "netns", name}, error) &&
-           ip({"-n", name, "addr", "add", address(host) + "/24", "dev", interface(host)}, error) &&
-           ip({"-n", name, "link", "set", "lo", "up"}, error) &&
-           ip({"-n", name, "link", "set", interface(host), "up"}, error);
-  }
-  // A veth end still outside the namespaces (made failed half-way) is deleted with its peer.
-  if (!made) {
-    std::string ignored;
-    ip({"link", "del", interfaces_[0]}, ignored);
-    unusable_reason_ = "cannot connect the network namespaces: " + error;
+    const std::string port = "port" + std::to_string(host);
+    const bool made = ip({"-n", name, "link", "add", name, "type", "veth", "peer", "name", port, "netns", switch_},
+                         error) &&
+                      ip({"-n", switch_, "link", "set", port, "master", "br0", "up"}, error) &&
+                      ip({"-n", name, "addr", "add", address(host) + "/24", "dev", name}, error) &&
+                      ip({"-n", name, "link", "set", "lo", "up"}, error) &&
+                      ip({"-n", name, "link", "set", name, "up"}, error);
+    if (!made) {
+      unusable_reason_ = "cannot connect the network namespaces: " + error;
+      return;
+    }
   }
 }
 
 NetworkNamespaces::~NetworkNamespaces() {
-  for (const std::string& name : namespaces_) {
+  for (const std::string& name : created_) {
     std::string ignored;
     ip({"netns", "del", name}, ignored);
   }
@@ -66,6 +75,10 @@ std::vector<std::string> NetworkNamespaces::on_host(int host, const std::vector<
 
 bool NetworkNamespaces::take_link_down(int host, std::string& error) const {
   return ip({"-n", namespaces_.at(static_cast<size_t>(host)), "link", "set", interface(host), "down"}, error);
+}
+
+bool NetworkNamespaces::bring_link_up(int host, std::string& error) const {
+  return ip({"-n", namespaces_.at(static_cast<size_t>(host)), "link", "set", interface(host), "up"}, error);
 }
 
 bool NetworkNamespaces::ip(const std::vector<std::string>& args, std::string& error) const {

@@ -1,0 +1,170 @@
+// The elastic agents' rounds (round_rendezvous.h), several agents in one process over one c10d store, on a clock
+// the test moves: who gets which node rank, when a round closes, what ends it and what counts as a failure.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "tandem/launch/round_rendezvous.h"
+#include "tandem/util/error.h"
+
+namespace tandem::launch {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = RoundRendezvous::Clock;
+
+ElasticSettings settings(int min_nodes, int max_nodes) {
+  ElasticSettings result;
+  result.min_nodes = min_nodes;
+  result.max_nodes = max_nodes;
+  result.host = "127.0.0.1";
+  result.join_timeout = 60s;
+  result.last_call = 2s;
+  result.keep_alive_interval = 1s;
+  result.keep_alive_max_attempt = 3;
+  return result;
+}
+
+struct Agents {
+  explicit Agents(ElasticSettings job) : job_settings(std::move(job)) {}
+
+  RoundRendezvous& add(const std::string& nproc = "1") {
+    agents.push_back(std::make_unique<RoundRendezvous>(
+        store, job_settings, "agent " + std::to_string(agents.size()),
+        std::map<std::string, std::string>{{"`nproc_per_node`", nproc}, {"command", "train"}}));
+    return *agents.back();
+  }
+  // Polls every agent once at `now`; returns who is in a closed round.
+  std::vector<std::optional<RoundMembership>> poll(Clock::time_point now) {
+    std::vector<std::optional<RoundMembership>> result;
+    for (auto& agent : agents) result.push_back(agent->poll_round(now));
+    return result;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  ElasticSettings job_settings;
+  std::vector<std::unique_ptr<RoundRendezvous>> agents;
+};
+
+TEST(RoundRendezvous, ARoundClosesAtOnceWithItsMostNodesRankedInTheOrderTheyCame) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  const auto members = job.poll(t0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(members[i]) << "agent " << i;
+    EXPECT_EQ(members[i]->round, 0);
+    EXPECT_EQ(members[i]->node_rank, i);
+    EXPECT_EQ(members[i]->nodes, 3);
+    EXPECT_EQ(members[i]->failures_before, 0);
+  }
+}
+
+TEST(RoundRendezvous, BelowItsMostNodesARoundClosesOnlyAfterTheLastCall) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  job.add().enter(t0);
+  EXPECT_FALSE(job.poll(t0)[0]) << "one agent is below the least number of nodes";
+  job.add().enter(t0 + 1s);
+  auto members = job.poll(t0 + 1s);
+  EXPECT_FALSE(members[0] || members[1]) << "the last call has not passed";
+  members = job.poll(t0 + 2500ms);
+  EXPECT_FALSE(members[0] || members[1]) << "the last call counts from the newest arrival";
+  members = job.poll(t0 + 3s);
+  ASSERT_TRUE(members[0] && members[1]);
+  EXPECT_EQ(members[1]->nodes, 2);
+}
+
+TEST(RoundRendezvous, ALateNodeWaitsAndTheRunningRoundMakesRoomForItWithoutAFailure) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  job.add().enter(t0);
+  job.add().enter(t0);
+  ASSERT_TRUE(job.poll(t0 + 2s)[1]);
+  RoundRendezvous& late = job.add();
+  late.enter(t0 + 5s);
+  // With min_nodes 2 and a last call long over, the newcomer still may not form a round alone beside the
+  // running one.
+  EXPECT_FALSE(late.poll_round(t0 + 20s));
+  EXPECT_EQ(job.agents[0]->waiting(), 1);
+  const auto end = job.agents[0]->watch(t0 + 5s);
+  ASSERT_TRUE(end);
+  EXPECT_FALSE(end->failure) << end->reason;
+  EXPECT_NE(end->reason.find("waiting to join"), std::string::npos) << end->reason;
+  EXPECT_EQ(job.agents[1]->end_round({true, "too late"}).reason, end->reason) << "the first end stands";
+  for (int i = 0; i < 2; ++i) job.agents[i]->next_round(t0 + 6s);
+  const auto members = job.poll(t0 + 6s);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(members[i]) << "agent " << i;
+    EXPECT_EQ(members[i]->round, 1);
+    EXPECT_EQ(members[i]->nodes, 3);
+    EXPECT_EQ(members[i]->failures_before, 0) << "a node joining is no failure";
+  }
+  EXPECT_EQ(members[2]->node_rank, 0) << "the node that waited came first";
+}
+
+TEST(RoundRendezvous, ANodeWhoseHeartbeatStandsStillIsLostAndThatCountsAsAFailure) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.poll(t0);
+  for (int second = 0; second < 3; ++second) {
+    for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+    for (int i = 0; i < 2; ++i) EXPECT_FALSE(job.agents[i]->watch(t0 + std::chrono::seconds(second))) << second;
+  }
+  for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+  const auto end = job.agents[1]->watch(t0 + 3s);
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->failure);
+  EXPECT_NE(end->reason.find("node 2 (agent 2) was lost: no heartbeat for 3.0 s"), std::string::npos) << end->reason;
+  for (int i = 0; i < 2; ++i) job.agents[i]->next_round(t0 + 4s);
+  EXPECT_FALSE(job.agents[0]->poll_round(t0 + 4s));
+  const auto members = job.poll(t0 + 6s);
+  ASSERT_TRUE(members[0] && members[1]);
+  EXPECT_EQ(members[0]->round, 1);
+  EXPECT_EQ(members[0]->nodes, 2);
+  EXPECT_EQ(members[0]->failures_before, 1);
+}
+
+TEST(RoundRendezvous, TooFewNodesWithinTheJoinTimeoutIsOneLineSayingHowManyCame) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  job.add().enter(t0);
+  try {
+    job.agents[0]->poll_round(t0 + 61s);
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what()).find("least number of nodes (2), but 1 came"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(RoundRendezvous, ANodeWithOtherWorkersIsRefusedNamingBoth) {
+  Agents job(settings(1, 2));
+  job.add("2").enter(Clock::now());
+  try {
+    job.add("1").enter(Clock::now());
+    FAIL() << "expected an InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("this node's `nproc_per_node` is 1, but the job's other nodes run 2"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(RoundRendezvous, AJobIsDoneWhenEveryNodeSucceededAndRefusesANewcomer) {
+  Agents job(settings(1, 2));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 2; ++i) job.add().enter(t0);
+  job.poll(t0);
+  EXPECT_FALSE(job.agents[0]->mark_succeeded());
+  EXPECT_FALSE(job.agents[0]->all_succeeded());
+  EXPECT_TRUE(job.agents[1]->mark_succeeded());
+  EXPECT_TRUE(job.agents[0]->all_succeeded());
+  EXPECT_THROW(job.add().enter(t0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::launch
