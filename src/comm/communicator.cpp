@@ -132,6 +132,10 @@ Communicator::Communicator(std::string backend_name, StorePtr store, int rank, i
 
 Communicator::~Communicator() = default;
 
+WorkPtr Communicator::start_all_gather_into(torch::Tensor&, const torch::Tensor&) {
+  TANDEM_CHECK(false, "backend ", backend_name_, " claims an all-gather into one tensor it does not implement");
+}
+
 WorkPtr Communicator::start_reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) {
   TANDEM_CHECK(false, "backend ", backend_name_, " claims a reduce-scatter it does not implement");
 }
@@ -206,6 +210,31 @@ WorkPtr Communicator::all_gather(std::vector<torch::Tensor>& outputs, const torc
   std::vector<torch::Tensor> received;
   for (const auto& output : outputs) received.push_back(on_wire(output));
   return issue(signature_of("all_gather", input), [&] { return start_all_gather(received, on_wire(input)); });
+}
+
+WorkPtr Communicator::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  if (output.numel() != input.numel() * world_size_) {
+    throw InvalidArgument(fmt::format("all_gather_into output has {} elements; it must be world size {} x input's {}",
+                                      output.numel(), world_size_, input.numel()));
+  }
+  if (output.scalar_type() != input.scalar_type()) {
+    throw InvalidArgument(fmt::format("all_gather_into input is {} but output is {}; they must match",
+                                      dtype_name(input), dtype_name(output)));
+  }
+  if (!output.is_contiguous()) {
+    throw InvalidArgument("all_gather_into needs a contiguous output tensor; pass output.contiguous() and use it");
+  }
+  check_device(input, "all_gather_into");
+  check_device(output, "all_gather_into");
+  torch::Tensor received = on_wire(output);
+  torch::Tensor sent = on_wire(input.contiguous());
+  if (capabilities_.all_gather_into) {
+    return issue(signature_of("all_gather_into", input), [&] { return start_all_gather_into(received, sent); });
+  }
+  // Emulated: the list all-gather writes straight into views of the output's slices.
+  std::vector<torch::Tensor> slices;
+  for (const auto& slice : received.view({world_size_, -1}).unbind(0)) slices.push_back(slice.view(sent.sizes()));
+  return issue(signature_of("all_gather_into", input), [&] { return start_all_gather(slices, sent); });
 }
 
 WorkPtr Communicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {

@@ -62,6 +62,9 @@ class Communicator {
   WorkPtr broadcast(torch::Tensor& tensor, int root = 0);
   // outputs[r] receives rank r's `input`; outputs must hold world_size() tensors shaped like input.
   WorkPtr all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input);
+  // Into one tensor: `output` holds world_size() x input's elements, rank r's `input` in the r-th equal slice of
+  // its elements (any shape, contiguous). What FSDP gathers a unit's flat parameters with.
+  WorkPtr all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   // `input` is world_size() equal chunks along dim 0; rank r receives op over all ranks' chunk r in `output`.
   WorkPtr reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::Sum);
   WorkPtr barrier();
@@ -73,11 +76,17 @@ class Communicator {
     // complex: divided first, so that a sum of large values stays in range), or a sum divided afterwards,
     // truncating (integers).
     bool average = false;
-    // A native reduce-scatter. Without it the base all-reduces a copy of the input and keeps this rank's chunk.
+    // A native reduce-scatter. Without it the base all-reduces a copy of the input and keeps this rank's chunk:
+    // one more copy of the input, and in a ring each rank sends about twice the bytes of a reduce-scatter
+    // (2 (N-1)/N of the input against (N-1)/N).
     bool reduce_scatter = false;
     // The one kind of device whose tensors the backend takes (CUDA for nccl, the CPU for mpi); empty: the
     // backend sorts out devices itself. Other tensors are refused by name before the backend sees them.
     std::optional<torch::DeviceType> tensor_device;
+    // A native all-gather into one tensor. Without it the base hands the list all-gather views of the output's
+    // slices: no copy in the base, but a backend that gathers into a buffer of its own (c10d's Gloo) copies
+    // every gathered byte once more into the views.
+    bool all_gather_into = false;
   };
 
   // `store` is the rendezvous store of all ranks, in which the collective tracker publishes this rank's
@@ -99,6 +108,9 @@ class Communicator {
   virtual WorkPtr start_broadcast(torch::Tensor& tensor, int root) = 0;
   // `outputs` hold world_size() tensors with input's element count and dtype.
   virtual WorkPtr start_all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) = 0;
+  // Called only where capabilities.all_gather_into; `output` is contiguous with world_size() x input's elements,
+  // same dtype.
+  virtual WorkPtr start_all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   // Called only where capabilities.reduce_scatter; `input` holds world_size() x output's elements, same dtype.
   virtual WorkPtr start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
   virtual WorkPtr start_barrier() = 0;

@@ -109,6 +109,12 @@ inline void queue_end_of_backward_callback(std::function<void()> callback) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
 }
 
+// Whether c10d's Gloo group gathers into one tensor (_allgather_base) and reduce-scatters. 1.13's refuses both
+// ("no support for _allgather_base in Gloo process group", "ProcessGroupGloo does not support reduce_scatter");
+// 2.11's does both (a 2-rank all_gather_into_tensor and reduce_scatter_tensor over gloo, run in PyTorch 2.11).
+// The versions between are unchecked and take the communicator base's emulation, which is right everywhere.
+inline constexpr bool kGlooHasTensorCollectives = TANDEM_TORCH_VERSION_AT_LEAST(2, 11);
+
 // Releases a c10d group's communicators before the group itself is released. From 2.5 on, c10d's NCCL group
 // warns "destroy_process_group() was not called" unless this happened, and then does the same itself. Abort,
 // not shutdown: shutdown waits for outstanding NCCL work, which never ends when a peer has died, while tandem

@@ -146,6 +146,11 @@ WorkPtr C10dCommunicator::start_all_gather(std::vector<torch::Tensor>& outputs, 
   return wrap("all_gather", input, [&] { return group_->allgather(output_lists, inputs); });
 }
 
+WorkPtr C10dCommunicator::start_all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  torch::Tensor sent = input;  // c10d takes the input by non-const reference; it does not write it
+  return wrap("all_gather_into", input, [&] { return group_->_allgather_base(output, sent); });
+}
+
 WorkPtr C10dCommunicator::start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   std::vector<torch::Tensor> outputs{output};
   std::vector<std::vector<torch::Tensor>> inputs{input.contiguous().view({world_size(), -1}).unbind(0)};

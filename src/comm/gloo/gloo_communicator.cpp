@@ -19,8 +19,12 @@ std::shared_ptr<::gloo::transport::Device> make_device(const std::string& hostna
 
 GlooCommunicator::GlooCommunicator(StorePtr store, int rank, int world_size, std::chrono::milliseconds timeout,
                                    const GlooOptions& options)
-    // Gloo has neither an average nor a reduce-scatter in c10d; the base class emulates both.
-    : C10dCommunicator("gloo", store, rank, world_size, timeout, Capabilities{}) {
+    // c10d's Gloo has no average (the base divides and sums); its reduce-scatter and all-gather into one tensor
+    // depend on the LibTorch version (compat.h), the base emulating them where they are missing.
+    : C10dCommunicator("gloo", store, rank, world_size, timeout,
+                       Capabilities{/*average=*/false, /*reduce_scatter=*/compat::kGlooHasTensorCollectives,
+                                    /*tensor_device=*/std::nullopt,
+                                    /*all_gather_into=*/compat::kGlooHasTensorCollectives}) {
   connect([&] {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo_options->devices.push_back(make_device(options.hostname));

@@ -106,7 +106,8 @@ void check_started_by_mpi_launcher(const RankLayout& layout, const EnvLookup& en
 
 MpiCommunicator::MpiCommunicator(const RankLayout& layout, std::chrono::milliseconds timeout, StorePtr store)
     : Communicator("mpi", std::move(store), layout.rank, layout.world_size, timeout,
-                   Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCPU}) {
+                   Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCPU,
+                                /*all_gather_into=*/true}) {
   check_started_by_mpi_launcher(layout);
   runtime_ = MpiRuntime::instance();
   group_ = std::make_shared<MpiGroup>();
@@ -181,6 +182,17 @@ WorkPtr MpiCommunicator::start_all_gather(std::vector<torch::Tensor>& outputs, c
                                  outputs[r].copy_(gathered[static_cast<int64_t>(r)].view(outputs[r].sizes()));
                                }
                              });
+}
+
+WorkPtr MpiCommunicator::start_all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  const int bytes = mpi_count(input.nbytes(), "all_gather_into");
+  mpi_count(input.nbytes() * world_size(), "all_gather_into");
+  torch::Tensor send = input.contiguous();
+  // The base hands a contiguous output, which MPI gathers into directly.
+  return start_on_mpi_thread(runtime_, group_, timeout(), "all_gather_into", [output, send, bytes](MPI_Comm comm) {
+    check_mpi(MPI_Allgather(send.data_ptr(), bytes, MPI_BYTE, output.data_ptr(), bytes, MPI_BYTE, comm),
+              "MPI_Allgather");
+  });
 }
 
 WorkPtr MpiCommunicator::start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {

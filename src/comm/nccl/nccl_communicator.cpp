@@ -33,7 +33,8 @@ torch::Device checked_device(const RankLayout& layout, torch::Device device) {
 NcclCommunicator::NcclCommunicator(StorePtr store, const RankLayout& layout, std::chrono::milliseconds timeout,
                                    torch::Device device)
     : C10dCommunicator("nccl", store, layout.rank, layout.world_size, timeout,
-                       Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCUDA},
+                       Capabilities{/*average=*/true, /*reduce_scatter=*/true, /*tensor_device=*/torch::kCUDA,
+                                    /*all_gather_into=*/true},
                        checked_device(layout, device), Completion::kPollUntilDeadline) {
   make_current(this->device());
   connect([&] {

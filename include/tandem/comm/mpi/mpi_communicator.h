@@ -38,6 +38,7 @@ class MpiCommunicator : public Communicator {
   WorkPtr start_all_reduce(torch::Tensor& tensor, ReduceOp op) override;
   WorkPtr start_broadcast(torch::Tensor& tensor, int root) override;
   WorkPtr start_all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override;
+  WorkPtr start_all_gather_into(torch::Tensor& output, const torch::Tensor& input) override;
   WorkPtr start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   WorkPtr start_barrier() override;
 
