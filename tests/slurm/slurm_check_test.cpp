@@ -1,9 +1,9 @@
 // SLURM for real: `scripts/slurm-check --throwaway-cluster` makes this machine a two-node SLURM cluster
 // (scripts/slurm/cluster: Debian's slurm-wlm and munge, state under /tmp) and runs docs/slurm.md's jobs on it:
-// srun starting both ranks of `tandem train` on the two nodes, two batch jobs at once, and a batch job requeued
-// after its first checkpoint that must continue from it and end with an unbroken run's weights. The check
-// compares the results itself and names what differed; this test runs it under a deadline and checks that
-// each step reported what it proves. Where the cluster cannot start (not root, no slurm-wlm, a daemon that
+// srun starting both ranks of `tandem train` on the two nodes, two batch jobs at once, a batch job requeued
+// after its first checkpoint that must continue from it and end with an unbroken run's weights, and one
+// `tandem run` on each node joining their ranks into one job. The check compares the results itself and names
+// what differed; this test runs it under a deadline and checks that each step reported what it proves. Where the cluster cannot start (not root, no slurm-wlm, a daemon that
 // fails, neither CI=true nor TANDEM_SLURM_TEST=1) the check says why in one line, and the test skips with it.
 #include <gtest/gtest.h>
 
@@ -28,7 +28,7 @@ std::string last_line(std::string text) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-TEST(Slurm, ThrowawayClusterRunsRanksOnTwoNodesTwoJobsAtOnceAndARequeuedJobThatContinues) {
+TEST(Slurm, ThrowawayClusterRunsRanksOnTwoNodesTwoJobsAtOnceARequeuedJobThatContinuesAndALauncherPerNode) {
   // The check ends its steps within 240 s and its daemons within 260 s, even if this deadline kills it first.
   const ProcessResult check = run_process({checkout_file("scripts/slurm-check"), "--throwaway-cluster"},
                                           {{"TANDEM", tandem_cli()}}, std::chrono::seconds(270));
@@ -41,7 +41,9 @@ TEST(Slurm, ThrowawayClusterRunsRanksOnTwoNodesTwoJobsAtOnceAndARequeuedJobThatC
   EXPECT_TRUE(contains(check.output, "second start: resuming from "))
       << "the requeued job must continue from a checkpoint:\n" << check.output;
   EXPECT_TRUE(contains(check.output, "ended with the unbroken run's weights")) << check.output;
-  EXPECT_TRUE(contains(check.output, "all 3 passed")) << check.output;
+  EXPECT_TRUE(contains(check.output, "nodes 127.0.0.[1-2], world size 4:"))
+      << "train.sbatch on two nodes must have joined both nodes' ranks:\n" << check.output;
+  EXPECT_TRUE(contains(check.output, "all 4 passed")) << check.output;
 }
 
 }  // namespace
