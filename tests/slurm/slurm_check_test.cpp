@@ -3,8 +3,9 @@
 // srun starting both ranks of `tandem train` on the two nodes, two batch jobs at once, a batch job requeued
 // after its first checkpoint that must continue from it and end with an unbroken run's weights, and one
 // `tandem run` on each node joining their ranks into one job. The check compares the results itself and names
-// what differed; this test runs it under a deadline and checks that each step reported what it proves. Where the cluster cannot start (not root, no slurm-wlm, a daemon that
-// fails, neither CI=true nor TANDEM_SLURM_TEST=1) the check says why in one line, and the test skips with it.
+// what differed; this test runs it under a deadline and checks that each step reported what it proves. Where
+// the cluster cannot start (not root, no slurm-wlm, a daemon that fails, neither CI=true nor
+// TANDEM_SLURM_TEST=1) the check says why in one line, and the test skips with it.
 #include <gtest/gtest.h>
 
 #include <chrono>
