@@ -62,7 +62,10 @@ class ElasticAgent {
                  {"command", joined_command(plan.command)}}) {}
 
   int run() {
-    with_store([&] { rounds_.enter(Clock::now()); });
+    with_store([&] {
+      check_job(*store_.client());
+      rounds_.enter(Clock::now());
+    });
     while (true) {
       std::optional<RoundMembership> membership;
       while (!membership) {
@@ -97,6 +100,19 @@ class ElasticAgent {
   }
   c10::intrusive_ptr<c10d::Store> agent_keys(const c10::intrusive_ptr<c10d::Store>& store) const {
     return agent_keys(store, plan_.run_id);
+  }
+
+  // One store serves one job: the workers' keys (/worker/attempt_<round>) carry no job id, so a second job's
+  // workers would meet the first's.
+  void check_job(c10d::Store& store) const {
+    const std::vector<uint8_t> id(plan_.run_id.begin(), plan_.run_id.end());
+    const std::vector<uint8_t> served = store.compareSet("/tandem_agents/job", {}, id);
+    if (served != id) {
+      throw InvalidArgument(fmt::format(
+          "the store at {}:{} serves the elastic job '{}', not '{}'; give each job its own `rdzv_endpoint` port, or "
+          "the same `run_id` on every node of one job",
+          settings_.host, settings_.port, std::string(served.begin(), served.end()), plan_.run_id));
+    }
   }
 
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
@@ -232,6 +248,7 @@ class ElasticAgent {
       auto client = store_.reconnect(deadline);
       try {
         std::lock_guard<std::mutex> lock(store_mutex_);
+        check_job(*client);
         rounds_.reconnect(agent_keys(client));
         rounds_.enter(Clock::now());
         return;
