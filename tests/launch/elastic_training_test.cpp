@@ -1,0 +1,178 @@
+// tandem train as an elastic job across three hosts (network namespaces on one bridge, root only): one host is
+// killed mid-epoch (or its link is cut), the other two go on at world size 2 from the newest checkpoint in the
+// shared run dir; the host comes back and the job goes on at world size 3, and finishes with the accuracy of an
+// uninterrupted run, within noise. Every host runs in the same working directory, so runs/<rdzv-id> is the storage every node sees.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "support/network_namespaces.h"
+#include "support/processes.h"
+#include "support/scratch_dir.h"
+#include "support/tiny_datasets.h"
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::BackgroundProcess;
+using testing::NetworkNamespaces;
+using testing::ProcessResult;
+using testing::ScratchDir;
+
+constexpr int kTrainTimeoutSeconds = 10;
+// A whole job (rendezvous, eight short epochs, the changes) and one change: a lost node is noticed after 1 s,
+// its peers' collectives end within --timeout, and the new round needs a last call and a start.
+constexpr auto kTrainingJobDeadline = 120s;
+constexpr auto kTrainingChangeDeadline = std::chrono::seconds(kTrainTimeoutSeconds) + 20s;
+
+class TrainingJob {
+ public:
+  TrainingJob(const NetworkNamespaces& hosts, const std::string& data, const std::string& id)
+      : hosts_(hosts), data_(data), id_(id) {}
+
+  void start(int host) {
+    const std::string logs = dir_ / ("logs" + std::to_string(host));
+    // The working directory is the shared storage: every host's runs/<id> is the same folder.
+    std::string command = "cd '" + dir_.path() + "' && exec '" + testing::tandem_cli() +
+                          "' run --nnodes 2:3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint " +
+                          hosts_.address(0) + ":29400 --rdzv-id " + id_ +
+                          " --rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,"
+                          "join_timeout=30 --max-restarts 3 --grace-period 2 --log-dir '" + logs + "' -- '" +
+                          testing::tandem_cli() + "' train --data '" + data_ +
+                          "' --epochs 8 --batch-size 16 --threads 1 --seed 5 --checkpoint-every 4 --timeout " +
+                          std::to_string(kTrainTimeoutSeconds);
+    agents_[host] = std::make_unique<BackgroundProcess>(hosts_.on_host(host, {"sh", "-c", command}));
+  }
+  void kill(int host) { ::kill(-agents_[host]->pid(), SIGKILL); }
+  ProcessResult finish(int host) {
+    ProcessResult result = agents_[host]->finish(kTrainingJobDeadline);
+    agents_[host].reset();
+    return result;
+  }
+
+  // Everything the workers wrote, across hosts, rounds and ranks.
+  std::string logs() const {
+    std::string text;
+    for (int host = 0; host < 3; ++host) {
+      const std::string folder = dir_ / ("logs" + std::to_string(host));
+      if (!std::filesystem::exists(folder)) continue;
+      for (const auto& entry : std::filesystem::directory_iterator(folder)) text += testing::read_file(entry.path());
+    }
+    return text;
+  }
+  // Waits until the workers have written a match of `pattern`; false at the deadline.
+  bool wait_for(const std::regex& pattern, std::chrono::seconds deadline) const {
+    const auto give_up = std::chrono::steady_clock::now() + deadline;
+    while (!std::regex_search(logs(), pattern)) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+    return true;
+  }
+
+ private:
+  const NetworkNamespaces& hosts_;
+  std::string data_;
+  std::string id_;
+  ScratchDir dir_;
+  std::map<int, std::unique_ptr<BackgroundProcess>> agents_;
+};
+
+// The accuracy of the newest epoch's "[epoch E] loss L accuracy A" line in `output`; -1 if there is none.
+double newest_accuracy(const std::string& output) {
+  const std::regex pattern("\\[epoch (\\d+)\\] loss [0-9.]+ accuracy ([0-9.]+)");
+  int newest = -1;
+  double accuracy = -1;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[1]) < newest) continue;
+    newest = std::stoi((*it)[1]);
+    accuracy = std::stod((*it)[2]);
+  }
+  return accuracy;
+}
+
+TEST(ElasticTraining, AHostCutOffLeavesTwoToContinueWithinTheTimeoutAndRejoinsWhenItsLinkIsBack) {
+  NetworkNamespaces hosts(3);
+  if (!hosts.usable()) GTEST_SKIP() << hosts.unusable_reason();
+  const std::string data = testing::write_tiny_mnist("elastic_cut_data", 480, 96);
+  TrainingJob job(hosts, data, "cut");
+  for (int host = 0; host < 3; ++host) job.start(host);
+  ASSERT_TRUE(job.wait_for(std::regex("\\[epoch 2\\] batch [3-9]/"), std::chrono::seconds(90)))
+      << "no third epoch under way:\n" << job.logs();
+  std::string error;
+  ASSERT_TRUE(hosts.take_link_down(2, error)) << error;
+  const auto cut = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.wait_for(std::regex("continues on 2 ranks x batch 16 where it stopped on 3"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the two left did not continue from a checkpoint:\n" << job.logs();
+  std::cout << "two hosts resumed " << std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count()
+            << " s after the third's link was cut (--timeout " << kTrainTimeoutSeconds << ")\n";
+
+  ASSERT_TRUE(hosts.bring_link_up(2, error)) << error;
+  ASSERT_TRUE(job.wait_for(std::regex("continues on 3 ranks x batch 16 where it stopped on 2"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the host cut off was not taken in again:\n" << job.logs();
+  std::vector<ProcessResult> results;
+  for (int host = 0; host < 3; ++host) results.push_back(job.finish(host));
+  for (int host = 0; host < 3; ++host) {
+    EXPECT_FALSE(results[host].timed_out) << "host " << host << ":\n" << results[host].output;
+    EXPECT_EQ(results[host].exit_code, 0) << "host " << host << ":\n" << results[host].output;
+  }
+  EXPECT_NE(results[2].output.find("lost the job's store"), std::string::npos) << results[2].output;
+  EXPECT_GT(newest_accuracy(job.logs()), 0.9) << job.logs();
+}
+
+TEST(ElasticTraining, AKilledHostLeavesTwoToContinueFromTheCheckpointAndItsReturnMakesThreeAgain) {
+  NetworkNamespaces hosts(3);
+  if (!hosts.usable()) GTEST_SKIP() << hosts.unusable_reason();
+  // 480 images in batches of 16 on three ranks: ten steps an epoch, a checkpoint every four.
+  const std::string data = testing::write_tiny_mnist("elastic_training_data", 480, 96);
+
+  TrainingJob whole(hosts, data, "whole");
+  for (int host = 0; host < 3; ++host) whole.start(host);
+  std::vector<ProcessResult> reference;
+  for (int host = 0; host < 3; ++host) reference.push_back(whole.finish(host));
+  for (const ProcessResult& result : reference) ASSERT_EQ(result.exit_code, 0) << result.output;
+  const double reference_accuracy = newest_accuracy(whole.logs());
+  ASSERT_GT(reference_accuracy, 0) << whole.logs();
+
+  TrainingJob job(hosts, data, "changing");
+  for (int host = 0; host < 3; ++host) job.start(host);
+  ASSERT_TRUE(job.wait_for(std::regex("\\[epoch 2\\] batch [3-9]/"), std::chrono::seconds(90)))
+      << "no third epoch under way:\n" << job.logs();
+  job.kill(2);
+  const auto killed = std::chrono::steady_clock::now();
+  job.finish(2);
+  ASSERT_TRUE(job.wait_for(std::regex("continues on 2 ranks x batch 16 where it stopped on 3"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the two left did not continue from a checkpoint:\n" << job.logs();
+  std::cout << "two hosts resumed " << std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count()
+            << " s after the third was killed\n";
+
+  job.start(2);
+  ASSERT_TRUE(job.wait_for(std::regex("continues on 3 ranks x batch 16 where it stopped on 2"), std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the host that came back was not taken in:\n" << job.logs();
+
+  std::vector<ProcessResult> results;
+  for (int host = 0; host < 3; ++host) results.push_back(job.finish(host));
+  for (int host = 0; host < 3; ++host) {
+    EXPECT_FALSE(results[host].timed_out) << "host " << host << ":\n" << results[host].output;
+    EXPECT_EQ(results[host].exit_code, 0) << "host " << host << ":\n" << results[host].output;
+  }
+  EXPECT_NE(results[0].output.find("was lost: no heartbeat"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("a node joining is no restart"), std::string::npos) << results[0].output;
+  const double accuracy = newest_accuracy(job.logs());
+  std::cout << "final accuracy " << accuracy << ", uninterrupted " << reference_accuracy << "\n";
+  EXPECT_NEAR(accuracy, reference_accuracy, 0.1) << job.logs();
+}
+
+}  // namespace
+}  // namespace tandem
