@@ -5,8 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
 
 #include "heartbeat_watch.h"
 #include "output_relay.h"
@@ -25,6 +31,8 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kAgentPoll{100};
 // The shortest operation timeout of an agent's store connection: a loaded store host may take a while to answer.
 constexpr std::chrono::milliseconds kMinStoreTimeout{1000};
+// Beyond the store's own operation timeout, how long a call may take before the agent takes the store for lost.
+constexpr std::chrono::milliseconds kStoreAnswerMargin{1000};
 // How long the hosting agent keeps the store up, beyond the time a lost node takes to be noticed, for the other
 // agents to read that the job is over.
 constexpr std::chrono::seconds kHostLinger{2};
@@ -48,38 +56,52 @@ std::string joined_command(const std::vector<std::string>& command) {
   return text;
 }
 
+// A store that stops answering: the agent's calls give up after a bound and say so with this, which the agent
+// handles as a lost store (it is no tandem::Error, as the store's own failures are none).
+class StoreSilent : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One connection to the job's store and the rounds spoken over it. Shared with every call under way: a call
+// that never returns (LibTorch 2.x's store client waits for an answer without a deadline, so on a cut link it
+// waits for ever) keeps the session it used alive and locked, and the agent goes on with a new session.
+struct StoreSession {
+  StoreSession(c10::intrusive_ptr<c10d::Store> keys, const ElasticSettings& settings, const std::string& node,
+               const std::map<std::string, std::string>& signature)
+      : rounds(std::move(keys), settings, node, signature) {}
+
+  std::mutex mutex;  // one call at a time on the connection
+  RoundRendezvous rounds;
+};
+
 class ElasticAgent {
  public:
   explicit ElasticAgent(const LaunchPlan& plan)
       : plan_(plan),
         settings_(*plan.elastic),
+        store_timeout_(std::max(settings_.heartbeat_lost_after(), kMinStoreTimeout)),
         // The store first: a Ctrl-C while it is being reached still ends the process; the Supervisor's signal
         // handlers come after.
-        store_(settings_, std::max(settings_.heartbeat_lost_after(), kMinStoreTimeout)),
+        store_(settings_, store_timeout_),
         supervisor_(plan.grace_period),
-        rounds_(agent_keys(store_.client()), settings_, describe_node(settings_.host),
-                {{"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
-                 {"command", joined_command(plan.command)}}) {}
+        node_(describe_node(settings_.host)),
+        signature_{{"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
+                   {"command", joined_command(plan.command)}} {
+    start_session(store_.client());
+  }
 
   int run() {
-    with_store([&] {
-      check_job(*store_.client());
-      rounds_.enter(Clock::now());
-    });
+    enter();
     while (true) {
       std::optional<RoundMembership> membership;
       while (!membership) {
-        std::string store_error;
         try {
-          std::lock_guard<std::mutex> lock(store_mutex_);
-          membership = rounds_.poll_round(Clock::now());
+          membership = on_store([now = Clock::now()](RoundRendezvous& rounds) { return rounds.poll_round(now); });
         } catch (const Error&) {
           throw;
         } catch (const std::exception& error) {
-          store_error = first_line(error.what());
-        }
-        if (!store_error.empty()) {
-          rejoin(store_error);
+          rejoin(first_line(error.what()));
           continue;
         }
         if (!membership && supervisor_.wait_for_signal(kAgentPoll) != 0) {
@@ -93,34 +115,60 @@ class ElasticAgent {
   }
 
  private:
-  static c10::intrusive_ptr<c10d::Store> agent_keys(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::string& run_id) {
+  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+  void start_session(const c10::intrusive_ptr<c10d::Store>& client) {
+    client_ = client;
     // The workers keep theirs under /worker/attempt_<round>; the agents', apart, cannot meet them.
-    return c10::make_intrusive<c10d::PrefixStore>("/tandem_agents/" + run_id, store);
+    session_ = std::make_shared<StoreSession>(
+        c10::make_intrusive<c10d::PrefixStore>("/tandem_agents/" + plan_.run_id, client), settings_, node_,
+        signature_);
   }
-  c10::intrusive_ptr<c10d::Store> agent_keys(const c10::intrusive_ptr<c10d::Store>& store) const {
-    return agent_keys(store, plan_.run_id);
+
+  // Runs `operation` on the rounds of the current session and returns what it returns, or throws StoreSilent
+  // when no answer came within the store timeout. `operation` is copied to the thread that runs it, which may
+  // outlive this call: it must capture by value.
+  template <typename Operation>
+  auto on_store(Operation operation) -> decltype(operation(std::declval<RoundRendezvous&>())) {
+    using Result = decltype(operation(std::declval<RoundRendezvous&>()));
+    auto answer = std::make_shared<std::promise<Result>>();
+    std::future<Result> result = answer->get_future();
+    std::thread([session = session_, answer, operation]() mutable {
+      try {
+        std::lock_guard<std::mutex> lock(session->mutex);
+        if constexpr (std::is_void_v<Result>) {
+          operation(session->rounds);
+          answer->set_value();
+        } else {
+          answer->set_value(operation(session->rounds));
+        }
+      } catch (...) {
+        answer->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (result.wait_for(store_timeout_ + kStoreAnswerMargin) != std::future_status::ready) {
+      throw StoreSilent(fmt::format("it did not answer within {:.0f} s",
+                                    (store_timeout_ + kStoreAnswerMargin).count() / 1000.0));
+    }
+    return result.get();
   }
 
   // One store serves one job: the workers' keys (/worker/attempt_<round>) carry no job id, so a second job's
-  // workers would meet the first's.
-  void check_job(c10d::Store& store) const {
-    const std::vector<uint8_t> id(plan_.run_id.begin(), plan_.run_id.end());
-    const std::vector<uint8_t> served = store.compareSet("/tandem_agents/job", {}, id);
+  // workers would meet the first's. Then takes a slot in the job's rounds.
+  void enter() {
+    const std::string id = plan_.run_id;
+    const std::string served = on_store([client = client_, id, now = Clock::now()](RoundRendezvous& rounds) {
+      const std::vector<uint8_t> wanted(id.begin(), id.end());
+      const std::vector<uint8_t> found = client->compareSet("/tandem_agents/job", {}, wanted);
+      if (found == wanted) rounds.enter(now);
+      return std::string(found.begin(), found.end());
+    });
     if (served != id) {
       throw InvalidArgument(fmt::format(
           "the store at {}:{} serves the elastic job '{}', not '{}'; give each job its own `rdzv_endpoint` port, or "
           "the same `run_id` on every node of one job",
-          settings_.host, settings_.port, std::string(served.begin(), served.end()), plan_.run_id));
+          settings_.host, settings_.port, served, id));
     }
-  }
-
-  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-  template <typename Operation>
-  void with_store(Operation operation) {
-    std::lock_guard<std::mutex> lock(store_mutex_);
-    operation();
   }
 
   // Runs this node's workers for one round; returns the agent's exit code once the job is over for it, or
@@ -136,20 +184,26 @@ class ElasticAgent {
     std::string store_error;
     int code_if_last = 1;
     {
-      HeartbeatWatch watch(rounds_, store_mutex_, settings_.keep_alive_interval);
+      HeartbeatWatch watch(
+          [this] {
+            return on_store([now = Clock::now()](RoundRendezvous& rounds) {
+              rounds.beat();
+              return rounds.watch(now);
+            });
+          },
+          settings_.keep_alive_interval);
       const AttemptEnd attempt = supervisor_.run_attempt(
           round_plan, membership.round, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, watch.fd());
       const auto end_round = [&](const RoundEnd& cause) {
         try {
-          std::lock_guard<std::mutex> lock(store_mutex_);
-          end = rounds_.end_round(cause);
+          end = on_store([cause](RoundRendezvous& rounds) { return rounds.end_round(cause); });
         } catch (const Error&) {
           throw;
         } catch (const std::exception& error) {
           store_error = first_line(error.what());
         }
       };
-      const std::string here = fmt::format("on node {} ({})", membership.node_rank, describe_node(settings_.host));
+      const std::string here = fmt::format("on node {} ({})", membership.node_rank, node_);
       switch (attempt.kind) {
         case AttemptEnd::Kind::kSucceeded:
           if (std::optional<int> code = wait_for_the_others(watch, membership, store_error)) return code;
@@ -188,7 +242,13 @@ class ElasticAgent {
                                                      "(restart {} of {})",
                                                      failures, plan_.max_restarts)
                                        : "; forming a new round with it (a node joining is no restart)"));
-    with_store([&] { rounds_.next_round(Clock::now()); });
+    try {
+      on_store([now = Clock::now()](RoundRendezvous& rounds) { rounds.next_round(now); });
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& error) {
+      rejoin(first_line(error.what()));
+    }
     return std::nullopt;
   }
 
@@ -200,8 +260,9 @@ class ElasticAgent {
     while (!watch.finished()) {
       bool all = false;
       try {
-        std::lock_guard<std::mutex> lock(store_mutex_);
-        all = marked ? rounds_.all_succeeded() : rounds_.mark_succeeded();
+        all = on_store([marked](RoundRendezvous& rounds) {
+          return marked ? rounds.all_succeeded() : rounds.mark_succeeded();
+        });
         marked = true;
       } catch (const Error&) {
         throw;
@@ -211,7 +272,8 @@ class ElasticAgent {
       }
       if (all) return leave(membership, 0);
       if (supervisor_.wait_for_signal(kAgentPoll) != 0) {
-        report(fmt::format("received {} after this node's workers had finished", signal_name(supervisor_.signal_received())));
+        report(fmt::format("received {} after this node's workers had finished",
+                           signal_name(supervisor_.signal_received())));
         return leave(membership, 128 + supervisor_.signal_received());
       }
     }
@@ -222,10 +284,10 @@ class ElasticAgent {
   // have said so too: one that found the store gone would take the end for a lost link.
   int leave(const RoundMembership& membership, int code) {
     try {
-      std::lock_guard<std::mutex> lock(store_mutex_);
-      rounds_.leave();
+      on_store([](RoundRendezvous& rounds) { rounds.leave(); });
       const auto until = Clock::now() + settings_.heartbeat_lost_after() + kHostLinger;
-      while (store_.hosting() && rounds_.left() < membership.nodes && Clock::now() < until) {
+      while (store_.hosting() && Clock::now() < until &&
+             on_store([](RoundRendezvous& rounds) { return rounds.left(); }) < membership.nodes) {
         std::this_thread::sleep_for(kAgentPoll);
       }
     } catch (const Error&) {
@@ -237,20 +299,17 @@ class ElasticAgent {
   }
 
   // The store stopped answering (this node's link was cut, or the store host is gone): the workers are
-  // stopped by now; try to get back into the job until join_timeout, as a newcomer. Throws CommError once
-  // join_timeout has passed.
+  // stopped by now; try to get back into the job until join_timeout, as a newcomer, over a new connection.
+  // Throws CommError once join_timeout has passed.
   void rejoin(const std::string& why) {
     report(fmt::format("lost the job's store at {}:{} ({}); stopped this node's workers, trying to rejoin for up to "
                        "{:.0f} s",
                        settings_.host, settings_.port, why, settings_.join_timeout.count() / 1000.0));
     const auto deadline = Clock::now() + settings_.join_timeout;
     while (true) {
-      auto client = store_.reconnect(deadline);
+      start_session(store_.reconnect(deadline));
       try {
-        std::lock_guard<std::mutex> lock(store_mutex_);
-        check_job(*client);
-        rounds_.reconnect(agent_keys(client));
-        rounds_.enter(Clock::now());
+        enter();
         return;
       } catch (const Error&) {
         throw;
@@ -262,10 +321,13 @@ class ElasticAgent {
 
   const LaunchPlan& plan_;
   ElasticSettings settings_;
+  std::chrono::milliseconds store_timeout_;
   AgentStore store_;
   Supervisor supervisor_;
-  std::mutex store_mutex_;  // one operation at a time on the store connection (heartbeat_watch.h)
-  RoundRendezvous rounds_;
+  std::string node_;
+  std::map<std::string, std::string> signature_;
+  c10::intrusive_ptr<c10d::Store> client_;  // the session's connection, unprefixed
+  std::shared_ptr<StoreSession> session_;
 };
 
 }  // namespace

@@ -11,8 +11,8 @@
 
 namespace tandem::launch {
 
-HeartbeatWatch::HeartbeatWatch(RoundRendezvous& rounds, std::mutex& store_mutex, std::chrono::milliseconds interval)
-    : rounds_(rounds), store_mutex_(store_mutex), interval_(interval) {
+HeartbeatWatch::HeartbeatWatch(Tick tick, std::chrono::milliseconds interval)
+    : tick_(std::move(tick)), interval_(interval) {
   if (::pipe2(pipe_, O_CLOEXEC) != 0) {
     throw Error(fmt::format("cannot create the heartbeat watch's pipe: {}", std::strerror(errno)));
   }
@@ -50,9 +50,7 @@ void HeartbeatWatch::run() {
   while (true) {
     std::optional<RoundEnd> end;
     try {
-      std::lock_guard<std::mutex> lock(store_mutex_);
-      rounds_.beat();
-      end = rounds_.watch(RoundRendezvous::Clock::now());
+      end = tick_();
     } catch (const std::exception& error) {
       std::string what = error.what();
       std::lock_guard<std::mutex> lock(mutex_);

@@ -1,14 +1,15 @@
 #pragma once
 // The heartbeats of a running round, on a thread of their own: every keep_alive_interval this agent adds to its
-// heartbeat and watches the round (RoundRendezvous::watch). A store that stops answering (a cut link) then holds
-// up only this thread, never the supervision of the workers. Once the round has ended, or the store failed, the
-// watch stops beating and its fd becomes readable: the Supervisor, polling it, stops the workers.
+// heartbeat and watches the round (RoundRendezvous::beat and watch, through `tick`). A store that answers slowly
+// then holds up only this thread, never the supervision of the workers. Once the round has ended, or the store
+// failed, the watch stops beating and its fd becomes readable: the Supervisor, polling it, stops the workers.
 //
-// Private to the launcher (elastic_agent.cpp). Every use of the RoundRendezvous, here and by the agent, holds
-// `store_mutex`: the agent's store connection serves one operation at a time.
+// Private to the launcher (elastic_agent.cpp). `tick` must itself give up on a store that does not answer (the
+// agent's calls are bounded), so the thread always ends.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,8 +21,11 @@ namespace tandem::launch {
 
 class HeartbeatWatch {
  public:
-  HeartbeatWatch(RoundRendezvous& rounds, std::mutex& store_mutex, std::chrono::milliseconds interval);
-  // Stops and joins the thread (a store operation under way ends within the store's operation timeout).
+  // `tick` beats and watches once; it returns the round's end once there is one and throws when the store
+  // fails.
+  using Tick = std::function<std::optional<RoundEnd>()>;
+  HeartbeatWatch(Tick tick, std::chrono::milliseconds interval);
+  // Stops and joins the thread (a tick under way ends within the agent's bound on store calls).
   ~HeartbeatWatch();
   HeartbeatWatch(const HeartbeatWatch&) = delete;
   HeartbeatWatch& operator=(const HeartbeatWatch&) = delete;
@@ -37,8 +41,7 @@ class HeartbeatWatch {
   void run();
   void finish();
 
-  RoundRendezvous& rounds_;
-  std::mutex& store_mutex_;
+  Tick tick_;
   std::chrono::milliseconds interval_;
   int pipe_[2] = {-1, -1};
   mutable std::mutex mutex_;  // guards stop_, ended_, store_error_
