@@ -1,0 +1,88 @@
+#pragma once
+// One FSDP unit: its parameters flattened into one float32 vector, padded to a multiple of the world size,
+// of which this rank keeps one equal shard. The shard is what the optimizer steps on; the module's own
+// parameter tensors point into the gathered vector while the unit is unsharded and at a one-element
+// placeholder, broadcast to their shapes, while it is sharded.
+//
+// Collectives: the constructor's broadcast of rank 0's values, start_gather()'s all-gather and
+// start_gradient_reduction()'s reduce-scatter. Every rank must call them in the same order; the caller
+// (ShardedModel) does, since the model runs the same operators on every rank. Every method that touches the
+// module's parameters pauses the parameter-use watch for its own operators.
+#include <torch/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/fsdp/unit_plan.h"
+
+namespace tandem::fsdp {
+
+class FlatUnit {
+ public:
+  struct Parameter {
+    std::string name;
+    torch::Tensor tensor;  // the module's own parameter
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // in the flat vector
+    int64_t numel = 0;
+  };
+
+  // Collective: broadcasts rank 0's values of the unit's parameters (every rank starts alike), keeps this
+  // rank's shard and reshards. `communicator` may be null: a world of one.
+  FlatUnit(UnitSpec spec, comm::Communicator* communicator);
+
+  const std::string& name() const { return name_; }
+  const std::vector<Parameter>& parameters() const { return parameters_; }
+  // The optimizer's parameter: a leaf of padded_numel() / world size elements.
+  torch::Tensor& shard() { return shard_; }
+  const torch::Tensor& shard() const { return shard_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  bool is_unsharded() const { return unsharded_; }
+  // Bytes of the gathered vector (held while unsharded or while a gather is in flight): the unit's cost.
+  int64_t unsharded_bytes() const;
+  // What this unit holds now: gathered or in-flight vectors and the module parameters' full gradients.
+  int64_t held_parameter_bytes() const;
+  int64_t held_gradient_bytes() const;
+
+  // Starts the all-gather of every rank's shard into a new vector; does nothing while one is held or in
+  // flight. A new vector each time: autograd may still hold views of the previous one (Linear saves its
+  // weight transposed), whose values must not change under it.
+  void start_gather();
+  // Waits for the gather (starting it if needed) and points the module's parameters into the vector.
+  void unshard();
+  // Points the parameters back at the placeholder and lets the vector go (after its gather completed).
+  void reshard();
+
+  // Flattens the parameters' gradients (a missing one counts as zeros), drops them and starts the averaging
+  // reduce-scatter of the flat gradient into this rank's piece.
+  void start_gradient_reduction();
+  // Waits for that reduce-scatter and adds the piece into shard().grad(); does nothing if none was started.
+  void finish_gradient_reduction();
+
+  // Collective: a copy of every parameter's full values, by name, gathered without touching the unit's state.
+  std::vector<std::pair<std::string, torch::Tensor>> gather_copies();
+
+ private:
+  torch::Tensor gather_now();
+
+  std::string name_;
+  comm::Communicator* communicator_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::vector<Parameter> parameters_;
+  int64_t numel_ = 0;
+  int64_t padded_numel_ = 0;
+  torch::Tensor shard_;
+  torch::Tensor placeholder_;  // one zero, which resharded parameters are broadcast from
+  bool unsharded_ = false;
+  torch::Tensor gathered_;     // while unsharded
+  torch::Tensor in_flight_;    // the gather's output until it completed
+  comm::WorkPtr gather_work_;
+  torch::Tensor reduction_input_, reduction_output_;
+  comm::WorkPtr reduction_work_;
+};
+
+}  // namespace tandem::fsdp

@@ -1,0 +1,127 @@
+#pragma once
+// The non-template core of FullyShardedDataParallel: a module's units (fsdp/flat_unit.h), when each is gathered,
+// freed and reduced, and the hooks that tell it so. docs/fsdp.md walks through one step.
+//
+// Forward: before_forward() broadcasts the buffers and starts gathering the first unit; every operator that is
+// about to read a parameter of a sharded unit waits for that unit's gather (fsdp/parameter_use_watch.h), and the
+// first operator of another unit reshards the one before (reshard_after_forward) and starts gathering the unit
+// that came next in the previous forward. after_forward() reshards all but the last unit. Backward: an operator
+// of a gradient formula that reads a sharded parameter gathers its unit again (and starts on the unit before
+// it); once every parameter of a unit has its gradient, the unit reshards and starts reduce-scattering the flat
+// gradient, averaged, into its shard's grad; the end of backward waits for those reductions.
+//
+// All of this runs on the thread that runs the forward and on the autograd engine's thread(s), one at a time.
+#include <torch/nn/module.h>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/ddp/replica_sync.h"
+#include "tandem/fsdp/flat_unit.h"
+#include "tandem/fsdp/fsdp_options.h"
+#include "tandem/fsdp/parameter_use_watch.h"
+#include "tandem/util/compat.h"
+
+namespace tandem::fsdp {
+
+// Bytes one rank holds for training, counted as ZeRO's tests count them (optimizer state comes from
+// optim::optimizer_state_bytes).
+struct HeldBytes {
+  int64_t shards = 0;          // the shards (the optimizer's parameters)
+  int64_t shard_gradients = 0;
+  int64_t unsharded = 0;       // gathered and in-flight parameter vectors
+  int64_t full_gradients = 0;  // the module parameters' gradients before reduction, and reductions in flight
+  int64_t total() const { return shards + shard_gradients + unsharded + full_gradients; }
+};
+
+class ShardedModel : public ParameterUser {
+ public:
+  // Collective: plans the units, broadcasts rank 0's parameters and buffers and shards the parameters.
+  // `communicator` may be null (a world of one) and must outlive this object.
+  ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options);
+  ~ShardedModel() override;
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  void before_forward();
+  // Throws a failure met during the forward's gathers.
+  void after_forward();
+  // After a forward that threw: reshards and forgets the step, without throwing.
+  void abandon_forward() noexcept;
+
+  // The optimizer's parameters: one shard per unit.
+  std::vector<torch::Tensor> shards() const;
+  const std::vector<std::unique_ptr<FlatUnit>>& units() const { return units_; }
+  comm::Communicator* communicator() const { return communicator_.get(); }
+  const FsdpOptions& options() const { return options_; }
+
+  // Off: backward leaves the gradients unsharded in the module's parameters, where the next backward adds to
+  // them; the first backward with sync on reduce-scatters the sum (DDP's no_sync).
+  void set_gradient_sync(bool on) { gradient_sync_ = on; }
+  bool gradient_sync() const { return gradient_sync_; }
+
+  // Collective: every parameter's full values by its name in the module's state dict.
+  std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
+
+  HeldBytes held_bytes() const;
+  // The most bytes of gathered and in-flight vectors held at once since the last reset.
+  int64_t peak_unsharded_bytes() const { return peak_unsharded_; }
+  void reset_peak_unsharded_bytes() { peak_unsharded_ = 0; }
+
+ private:
+  enum class Phase { kIdle, kForward, kAfterForward };
+
+  void before_use(const std::vector<int>& units) override;
+  void on_gradient_ready(int unit, size_t parameter);
+  void complete_unit(int unit);
+  void finish_backward();
+  void note_unsharded();
+  void start_gather_of(int unit);
+  // The unit that ran `offset` places after `unit` in the last complete forward, or -1.
+  int neighbour_in_order(int unit, int offset) const;
+  void rethrow_failure();
+
+  comm::CommunicatorPtr communicator_;
+  FsdpOptions options_;
+  std::vector<std::unique_ptr<FlatUnit>> units_;
+  std::unique_ptr<ddp::CoalescedBroadcaster> buffers_;
+  std::vector<compat::GradReadyHook> hooks_;
+
+  Phase phase_ = Phase::kIdle;
+  bool gradient_sync_ = true;
+  int current_ = -1;                  // the unit the forward is in
+  std::vector<int> order_;            // units in the order this forward first used them
+  std::vector<int> previous_order_;   // the same for the last forward that used every unit
+  std::vector<char> seen_;
+  std::vector<std::vector<char>> ready_;
+  std::vector<size_t> ready_count_;
+  std::vector<char> completed_;
+  bool backward_started_ = false;
+  std::exception_ptr failure_;
+  int64_t peak_unsharded_ = 0;
+};
+
+// Keeps gradient synchronisation off while it lives (PyTorch's set_requires_gradient_sync(False)).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(ShardedModel& model) : model_(&model), previous_(model.gradient_sync()) {
+    model.set_gradient_sync(false);
+  }
+  ~NoSyncGuard() {
+    if (model_) model_->set_gradient_sync(previous_);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : model_(std::exchange(other.model_, nullptr)), previous_(other.previous_) {}
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  ShardedModel* model_;
+  bool previous_;
+};
+
+}  // namespace tandem::fsdp

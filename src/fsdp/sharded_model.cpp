@@ -1,0 +1,210 @@
+#include "tandem/fsdp/sharded_model.h"
+
+#include <algorithm>
+
+#include "tandem/fsdp/unit_plan.h"
+#include "tandem/util/error.h"
+
+namespace tandem::fsdp {
+
+using parameter_use_watch::Pause;
+
+ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options)
+    : communicator_(std::move(communicator)), options_(std::move(options)) {
+  Pause pause;
+  comm::Communicator* comm = communicator_.get();
+  std::vector<UnitSpec> specs = plan_units(module, options_.units);
+  std::vector<torch::Tensor> buffers = module.buffers();
+  if (!buffers.empty()) {
+    buffers_ = std::make_unique<ddp::CoalescedBroadcaster>(std::move(buffers));
+    if (comm && comm->world_size() > 1) buffers_->broadcast(*comm);
+  }
+  for (UnitSpec& spec : specs) units_.push_back(std::make_unique<FlatUnit>(std::move(spec), comm));
+  const int unit_count = static_cast<int>(units_.size());
+  ready_.resize(unit_count);
+  for (int unit = 0; unit < unit_count; ++unit) {
+    const auto& parameters = units_[unit]->parameters();
+    ready_[unit].assign(parameters.size(), 0);
+    for (size_t index = 0; index < parameters.size(); ++index) {
+      // Made while the parameter is resharded: the placeholder has the parameter's shape, which the gradient
+      // accumulator records for its input.
+      hooks_.push_back(compat::add_grad_ready_hook(parameters[index].tensor,
+                                                   [this, unit, index] { on_gradient_ready(unit, index); }));
+      parameter_use_watch::watch(parameters[index].tensor, this, unit);
+    }
+  }
+  ready_count_.assign(unit_count, 0);
+  completed_.assign(unit_count, 0);
+  seen_.assign(unit_count, 0);
+}
+
+ShardedModel::~ShardedModel() {
+  parameter_use_watch::forget(this);
+  for (auto& hook : hooks_) compat::remove_grad_ready_hook(hook);
+  try {
+    for (auto& unit : units_) unit->reshard();
+  } catch (const std::exception&) {
+    // A gather that failed has been reported to the forward that started it.
+  }
+}
+
+std::vector<torch::Tensor> ShardedModel::shards() const {
+  std::vector<torch::Tensor> result;
+  for (const auto& unit : units_) result.push_back(unit->shard());
+  return result;
+}
+
+void ShardedModel::before_forward() {
+  rethrow_failure();
+  parameter_use_watch::install_on_this_thread();
+  Pause pause;
+  // Left over from a forward without backward (evaluation): gathered before the optimizer last stepped.
+  for (auto& unit : units_) unit->reshard();
+  comm::Communicator* comm = communicator_.get();
+  if (buffers_ && options_.broadcast_buffers && comm && comm->world_size() > 1) buffers_->broadcast(*comm);
+  phase_ = Phase::kForward;
+  current_ = -1;
+  order_.clear();
+  std::fill(seen_.begin(), seen_.end(), 0);
+  for (auto& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(completed_.begin(), completed_.end(), 0);
+  backward_started_ = false;
+  reset_peak_unsharded_bytes();
+  if (!units_.empty()) start_gather_of(previous_order_.empty() ? 0 : previous_order_.front());
+}
+
+void ShardedModel::after_forward() {
+  phase_ = Phase::kAfterForward;
+  if (!order_.empty()) previous_order_ = order_;
+  Pause pause;
+  if (options_.reshard_after_forward) {
+    // The last unit stays: backward starts with it.
+    for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) {
+      if (unit != current_) units_[unit]->reshard();
+    }
+    if (current_ >= 0 && torch::GradMode::is_enabled()) start_gather_of(neighbour_in_order(current_, -1));
+  }
+  rethrow_failure();
+}
+
+void ShardedModel::abandon_forward() noexcept {
+  phase_ = Phase::kIdle;
+  failure_ = nullptr;
+  try {
+    Pause pause;
+    for (auto& unit : units_) unit->reshard();
+  } catch (const std::exception&) {
+    // The forward's own exception is the one the caller sees.
+  }
+}
+
+void ShardedModel::before_use(const std::vector<int>& units) {
+  if (failure_) return;
+  try {
+    if (phase_ == Phase::kForward) {
+      const bool moves_on = std::find(units.begin(), units.end(), current_) == units.end();
+      if (moves_on && current_ >= 0 && options_.reshard_after_forward) units_[current_]->reshard();
+      for (int unit : units) {
+        units_[unit]->unshard();
+        if (!seen_[unit]) {
+          seen_[unit] = 1;
+          order_.push_back(unit);
+        }
+      }
+      if (moves_on) {
+        current_ = units.back();
+        start_gather_of(neighbour_in_order(current_, +1));
+      }
+    } else {
+      // Backward (or a use outside the wrapper's forward): gather on demand, and the unit before this one,
+      // whose gradient formulas come next.
+      for (int unit : units) units_[unit]->unshard();
+      const int previous = neighbour_in_order(units.back(), -1);
+      if (previous >= 0 && !completed_[previous]) start_gather_of(previous);
+    }
+    note_unsharded();
+  } catch (...) {
+    failure_ = std::current_exception();
+  }
+}
+
+void ShardedModel::on_gradient_ready(int unit, size_t parameter) {
+  if (!backward_started_) {
+    backward_started_ = true;
+    compat::queue_end_of_backward_callback([this] { finish_backward(); });
+  }
+  if (ready_[unit][parameter]) return;
+  ready_[unit][parameter] = 1;
+  if (++ready_count_[unit] == ready_[unit].size()) complete_unit(unit);
+}
+
+void ShardedModel::complete_unit(int unit) {
+  if (completed_[unit]) return;
+  completed_[unit] = 1;
+  Pause pause;
+  if (gradient_sync_) units_[unit]->start_gradient_reduction();
+  units_[unit]->reshard();
+}
+
+void ShardedModel::finish_backward() {
+  Pause pause;
+  // A unit some of whose parameters got no gradient reduces too (zeros for those): every rank reduces every
+  // unit, so the collectives pair up whatever the graph left out.
+  for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) complete_unit(unit);
+  for (auto& unit : units_) unit->finish_gradient_reduction();
+  phase_ = Phase::kIdle;
+  backward_started_ = false;
+  rethrow_failure();
+}
+
+void ShardedModel::note_unsharded() {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) bytes += unit->held_parameter_bytes();
+  peak_unsharded_ = std::max(peak_unsharded_, bytes);
+}
+
+void ShardedModel::start_gather_of(int unit) {
+  if (unit < 0) return;
+  units_[unit]->start_gather();
+  note_unsharded();
+}
+
+int ShardedModel::neighbour_in_order(int unit, int offset) const {
+  const int unit_count = static_cast<int>(units_.size());
+  if (previous_order_.empty()) {
+    const int neighbour = unit + offset;
+    return neighbour >= 0 && neighbour < unit_count ? neighbour : -1;
+  }
+  const auto found = std::find(previous_order_.begin(), previous_order_.end(), unit);
+  if (found == previous_order_.end()) return -1;
+  const auto position = (found - previous_order_.begin()) + offset;
+  return position >= 0 && position < static_cast<long>(previous_order_.size()) ? previous_order_[position] : -1;
+}
+
+void ShardedModel::rethrow_failure() {
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ShardedModel::gather_full_parameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> result;
+  for (auto& unit : units_) {
+    auto copies = unit->gather_copies();
+    result.insert(result.end(), copies.begin(), copies.end());
+  }
+  return result;
+}
+
+HeldBytes ShardedModel::held_bytes() const {
+  Pause pause;
+  HeldBytes bytes;
+  for (const auto& unit : units_) {
+    bytes.shards += unit->shard().nbytes();
+    if (unit->shard().grad().defined()) bytes.shard_gradients += unit->shard().grad().nbytes();
+    bytes.unsharded += unit->held_parameter_bytes();
+    bytes.full_gradients += unit->held_gradient_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace tandem::fsdp

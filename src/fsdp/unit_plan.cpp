@@ -1,0 +1,114 @@
+#include "tandem/fsdp/unit_plan.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "tandem/util/error.h"
+
+namespace tandem::fsdp {
+namespace {
+
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+int64_t count(const NamedParameters& parameters) {
+  int64_t total = 0;
+  for (const auto& entry : parameters) total += entry.second.numel();
+  return total;
+}
+
+// Builds the units while remembering which tensors are taken, so that a shared tensor joins one unit only.
+class Planner {
+ public:
+  void add_unit(const std::string& name, const NamedParameters& parameters) {
+    UnitSpec unit{name, {}};
+    for (const auto& entry : parameters) {
+      if (taken_.insert(entry.second.unsafeGetTensorImpl()).second) unit.parameters.push_back(entry);
+    }
+    if (!unit.parameters.empty()) units_.push_back(std::move(unit));
+  }
+
+  NamedParameters subtree(const std::string& prefix, torch::nn::Module& module) const {
+    NamedParameters result;
+    for (const auto& entry : module.named_parameters(/*recurse=*/true)) {
+      result.emplace_back(join(prefix, entry.key()), entry.value());
+    }
+    return result;
+  }
+
+  // Children first: what a child's subtree still holds becomes a unit once it reaches `minimum`; the rest
+  // goes up to the parent.
+  NamedParameters by_size(const std::string& prefix, torch::nn::Module& module, int64_t minimum, bool is_root) {
+    NamedParameters left;
+    for (const auto& entry : module.named_parameters(/*recurse=*/false)) {
+      left.emplace_back(join(prefix, entry.key()), entry.value());
+    }
+    for (const auto& child : module.named_children()) {
+      NamedParameters rest = by_size(join(prefix, child.key()), *child.value(), minimum, false);
+      left.insert(left.end(), rest.begin(), rest.end());
+    }
+    if (!is_root && count(left) >= minimum) {
+      add_unit(prefix, left);
+      return {};
+    }
+    return left;
+  }
+
+  void by_type(const std::string& prefix, torch::nn::Module& module, const std::vector<std::string>& types) {
+    for (const auto& child : module.named_children()) {
+      const std::string path = join(prefix, child.key());
+      if (module_type_matches(*child.value(), types)) {
+        add_unit(path, subtree(path, *child.value()));
+      } else {
+        by_type(path, *child.value(), types);
+      }
+    }
+  }
+
+  std::vector<UnitSpec> finish(torch::nn::Module& root) {
+    add_unit("", subtree("", root));  // whatever no unit took
+    return std::move(units_);
+  }
+
+ private:
+  std::unordered_set<const c10::TensorImpl*> taken_;
+  std::vector<UnitSpec> units_;
+};
+
+}  // namespace
+
+bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names) {
+  const std::string& full = module.name();
+  const size_t colon = full.rfind("::");
+  const std::string last = colon == std::string::npos ? full : full.substr(colon + 2);
+  const std::string bare =
+      last.size() > 4 && last.compare(last.size() - 4, 4, "Impl") == 0 ? last.substr(0, last.size() - 4) : last;
+  return std::any_of(names.begin(), names.end(),
+                     [&](const std::string& name) { return name == full || name == last || name == bare; });
+}
+
+std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy) {
+  if (policy.min_parameters && !policy.module_types.empty()) {
+    throw InvalidArgument("fsdp unit policy sets both min_parameters and module_types; choose one");
+  }
+  if (policy.min_parameters && *policy.min_parameters < 1) {
+    throw InvalidArgument("fsdp unit policy min_parameters is " + std::to_string(*policy.min_parameters) +
+                          "; it must be at least 1");
+  }
+  Planner planner;
+  if (policy.min_parameters) {
+    planner.by_size("", root, *policy.min_parameters, /*is_root=*/true);
+  } else if (!policy.module_types.empty()) {
+    planner.by_type("", root, policy.module_types);
+  } else {
+    for (const auto& child : root.named_children()) {
+      planner.add_unit(child.key(), planner.subtree(child.key(), *child.value()));
+    }
+  }
+  return planner.finish(root);
+}
+
+}  // namespace tandem::fsdp

@@ -1,0 +1,195 @@
+// What FSDP offers besides plain steps: no_sync accumulation and gradient clipping equal DDP's; units cut by
+// each policy; memory per rank about 1/N plus the largest unit; a unit freed after forward or kept; refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "fsdp_fixtures.h"
+#include "tandem/fsdp/unit_plan.h"
+#include "tandem/optim/state_bytes.h"
+#include "tandem/util/error.h"
+
+namespace tandem::testing {
+namespace {
+
+TEST(FsdpFeatures, NoSyncAccumulationEqualsDdpNoSync) {
+  FsdpScenario s;
+  s.world = 2;
+  s.micro_batches = 3;
+  s.steps = 10;
+  const NamedTensors expected = run_ddp(s);
+  for (bool reshard : {true, false}) {
+    s.options.reshard_after_forward = reshard;
+    const double difference = relative_l2(run_fsdp(s), expected);
+    std::printf("[fsdp no_sync] 3 micro-batches, reshard %d: relative L2 %.3g\n", reshard, difference);
+    EXPECT_LE(difference, kFsdpRelativeTolerance);
+  }
+}
+
+TEST(FsdpFeatures, ClippingTheShardsEqualsClippingTheFullGradient) {
+  FsdpScenario s;
+  s.world = 4;
+  s.steps = 10;
+  s.clip = 0.05;  // well below the gradient's norm, so that every step clips
+  const double difference = relative_l2(run_fsdp(s), run_ddp(s));
+  std::printf("[fsdp clipping] world 4, max norm 0.05: relative L2 %.3g\n", difference);
+  EXPECT_LE(difference, kFsdpRelativeTolerance);
+}
+
+TEST(FsdpFeatures, ClipGradNormReturnsTheNormOfTheWholeGradient) {
+  run_thread_ranks(2, [](int rank, comm::Communicator& communicator) {
+    fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(3), borrow(communicator));
+    Batch batch = rank_batch(FsdpScenario{}, 0, 0, rank);
+    torch::nn::functional::cross_entropy(model(batch.x), batch.y).backward();
+    // The whole gradient, gathered shard by shard, against the norm clip_grad_norm reports.
+    double squared = 0;
+    for (const torch::Tensor& shard : model.parameters()) {
+      torch::Tensor full = torch::empty({shard.numel() * 2});
+      communicator.all_gather_into(full, shard.grad())->wait();
+      squared += full.to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+    const double norm = fsdp::clip_grad_norm(model.sharded(), 1e9);
+    EXPECT_NEAR(norm, std::sqrt(squared), 1e-6 * std::sqrt(squared));
+  });
+}
+
+TEST(FsdpFeatures, DefaultUnitsAreTheRootsChildrenAndPoliciesCutOthers) {
+  nn::CnnNet cnn = make_cnn(1);
+  std::vector<std::string> names;
+  for (const auto& unit : fsdp::plan_units(*cnn, {})) names.push_back(unit.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "conv2", "conv3", "fc1", "fc2", "output"}));
+
+  nn::ResNet resnet = make_resnet18(1);
+  const size_t parameter_count = resnet->parameters().size();
+  auto check_cover = [&](const std::vector<fsdp::UnitSpec>& units) {
+    std::set<const c10::TensorImpl*> seen;
+    for (const auto& unit : units) {
+      for (const auto& entry : unit.parameters) EXPECT_TRUE(seen.insert(entry.second.unsafeGetTensorImpl()).second);
+    }
+    EXPECT_EQ(seen.size(), parameter_count) << "every parameter in exactly one unit";
+  };
+  fsdp::UnitPolicy by_type;
+  by_type.module_types = {"BasicBlock"};
+  const auto blocks = fsdp::plan_units(*resnet, by_type);
+  ASSERT_EQ(blocks.size(), 9u) << "eight BasicBlocks and the root unit (conv1, bn1, fc)";
+  EXPECT_EQ(blocks.front().name, "layer1.0");
+  EXPECT_EQ(blocks.back().name, "");
+  EXPECT_EQ(blocks.back().parameters.front().first, "conv1.weight");
+  check_cover(blocks);
+  fsdp::UnitPolicy by_size;
+  by_size.min_parameters = 1'000'000;
+  const auto sized = fsdp::plan_units(*resnet, by_size);
+  for (size_t i = 0; i + 1 < sized.size(); ++i) {
+    int64_t count = 0;
+    for (const auto& entry : sized[i].parameters) count += entry.second.numel();
+    EXPECT_GE(count, 1'000'000) << sized[i].name;
+  }
+  check_cover(sized);
+  fsdp::UnitPolicy both = by_size;
+  both.module_types = {"BasicBlock"};
+  try {
+    fsdp::plan_units(*resnet, both);
+    ADD_FAILURE() << "a policy with both fields was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_STREQ(error.what(), "fsdp unit policy sets both min_parameters and module_types; choose one");
+  }
+}
+
+// What the units hold right after forward, before backward: one unit (and the prefetch of the one backward
+// needs next) when resharding, every unit when not.
+TEST(FsdpFeatures, ForwardFreesUnitsOnlyWhenResharding) {
+  run_thread_ranks(2, [](int rank, comm::Communicator& communicator) {
+    for (bool reshard : {true, false}) {
+      fsdp::FsdpOptions options;
+      options.reshard_after_forward = reshard;
+      fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(5), borrow(communicator), options);
+      int64_t largest = 0, all = 0;
+      for (const auto& unit : model.sharded().units()) {
+        largest = std::max(largest, unit->unsharded_bytes());
+        all += unit->unsharded_bytes();
+      }
+      Batch batch = rank_batch(FsdpScenario{}, 0, 0, rank);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model(batch.x), batch.y);
+      const int64_t after_forward = model.sharded().held_bytes().unsharded;
+      if (reshard) {
+        EXPECT_LE(after_forward, 2 * largest);
+        EXPECT_LE(model.sharded().peak_unsharded_bytes(), 2 * largest);
+      } else {
+        EXPECT_EQ(after_forward, all);
+      }
+      loss.backward();
+      EXPECT_EQ(model.sharded().held_bytes().unsharded, 0) << "backward frees every unit";
+      EXPECT_EQ(model.sharded().held_bytes().full_gradients, 0) << "and reduces every gradient";
+    }
+  });
+}
+
+// Parameters, gradients and optimizer state per rank after a step, counted as ZeRO's are: about 1/N of one
+// rank's, plus padding; the gathered parameters peak at two units (the one running and the one prefetched).
+TEST(FsdpFeatures, MemoryPerRankIsAboutOneNthPlusTheLargestUnit) {
+  std::map<int, int64_t> held;
+  int64_t largest = 0;
+  for (int world : {1, 2, 4}) {
+    std::mutex mutex;
+    run_thread_ranks(world, [&](int rank, comm::Communicator& communicator) {
+      fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(9), borrow(communicator));
+      torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
+      FsdpScenario s;
+      s.world = world;
+      for (int step = 0; step < 2; ++step) {
+        optimizer.zero_grad();
+        Batch batch = rank_batch(s, step, 0, rank);
+        torch::nn::functional::cross_entropy(model(batch.x), batch.y).backward();
+        optimizer.step();
+      }
+      const fsdp::HeldBytes bytes = model.sharded().held_bytes();
+      const int64_t state = optim::optimizer_state_bytes(optimizer);
+      int64_t unit_bytes = 0;
+      for (const auto& unit : model.sharded().units()) unit_bytes = std::max(unit_bytes, unit->unsharded_bytes());
+      std::lock_guard<std::mutex> lock(mutex);
+      held[world] = std::max(held[world], bytes.total() + state);
+      largest = unit_bytes;
+      if (rank == 0) {
+        std::printf("[fsdp memory] world %d rank 0: shards %lld, shard grads %lld, optimizer state %lld, "
+                    "unsharded %lld, total %lld bytes; peak gathered %lld (largest unit %lld)\n",
+                    world, static_cast<long long>(bytes.shards), static_cast<long long>(bytes.shard_gradients),
+                    static_cast<long long>(state), static_cast<long long>(bytes.unsharded),
+                    static_cast<long long>(bytes.total() + state),
+                    static_cast<long long>(model.sharded().peak_unsharded_bytes()), static_cast<long long>(unit_bytes));
+      }
+      EXPECT_LE(model.sharded().peak_unsharded_bytes(), 2 * unit_bytes);
+    });
+  }
+  for (int world : {2, 4}) {
+    EXPECT_GE(held[world], held[1] / world) << world;
+    EXPECT_LE(held[world], held[1] / world + largest) << world;
+  }
+}
+
+TEST(FsdpFeatures, RefusesParametersItCannotShard) {
+  auto refusal = [](torch::nn::Linear layer) -> std::string {
+    try {
+      torch::nn::Sequential model(layer);
+      fsdp::ShardedModel sharded(*model, nullptr, {});
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(accepted)";
+  };
+  torch::nn::Linear doubles(2, 2);
+  doubles->to(torch::kFloat64);
+  EXPECT_EQ(refusal(doubles),
+            "fsdp shards float32 parameters only, but 0.weight is Double; keep the model in float32 (mixed precision "
+            "is not implemented yet)");
+  torch::nn::Linear frozen(2, 2);
+  frozen->bias.requires_grad_(false);
+  EXPECT_EQ(refusal(frozen),
+            "fsdp shards trainable parameters only, but 0.bias does not require grad; unfreeze it or keep it out of "
+            "the model that fsdp wraps");
+}
+
+}  // namespace
+}  // namespace tandem::testing
