@@ -29,6 +29,59 @@ TEST(FsdpFeatures, NoSyncAccumulationEqualsDdpNoSync) {
   }
 }
 
+// BasicBlocks as units leave conv1, bn1 and fc to the root unit, which the forward uses first and last: it is
+// gathered, freed and gathered again within one forward.
+TEST(FsdpFeatures, BlocksAsUnitsAroundTheRootUnitEqualDdp) {
+  FsdpScenario s;
+  s.model = "resnet18";
+  s.batch_per_rank = 2;
+  s.steps = 5;
+  s.options.units.module_types = {"BasicBlock"};
+  const double difference = relative_l2(run_fsdp(s), run_ddp(s));
+  std::printf("[fsdp units] ResNet-18, BasicBlocks as units, 5 steps: relative L2 %.3g\n", difference);
+  EXPECT_LE(difference, kFsdpRelativeTolerance);
+}
+
+// An evaluation forward under NoGradGuard between steps (no backward follows it) gives DDP's outputs, and the
+// training after it still equals DDP's.
+TEST(FsdpFeatures, EvaluationBetweenStepsMatchesDdp) {
+  FsdpScenario s;
+  s.steps = 3;
+  auto evaluate_between = [&](auto& model, int rank, torch::optim::Optimizer& optimizer) {
+    train_steps(s, rank, model, optimizer, [] {});
+    torch::Tensor outputs;
+    {
+      torch::NoGradGuard no_grad;
+      model.eval();
+      Batch batch = rank_batch(s, 99, 0, rank);
+      model(batch.x);
+      outputs = model(batch.x).clone();
+      model.train();
+    }
+    train_steps(s, rank, model, optimizer, [] {});
+    return outputs;
+  };
+  std::vector<torch::Tensor> ddp_outputs(2), fsdp_outputs(2);
+  const NamedTensors ddp = on_thread_ranks(s, [&](int rank, comm::Communicator& communicator) {
+    ddp::DistributedDataParallel<nn::CnnNet> model(make_cnn(7 + rank), borrow(communicator));
+    auto optimizer = make_optimizer(s, model.parameters());
+    ddp_outputs[rank] = evaluate_between(model, rank, *optimizer);
+    NamedTensors result;
+    for (const auto& entry : model.module()->named_parameters()) result.emplace_back(entry.key(), entry.value().detach().clone());
+    return result;
+  });
+  const NamedTensors fsdp = on_thread_ranks(s, [&](int rank, comm::Communicator& communicator) {
+    fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(7 + rank), borrow(communicator));
+    auto optimizer = make_optimizer(s, model.parameters());
+    fsdp_outputs[rank] = evaluate_between(model, rank, *optimizer);
+    return model.full_parameters();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_LE((fsdp_outputs[rank] - ddp_outputs[rank]).abs().max().item<double>(), 1e-5) << "rank " << rank;
+  }
+  EXPECT_LE(relative_l2(fsdp, ddp), kFsdpRelativeTolerance);
+}
+
 TEST(FsdpFeatures, ClippingTheShardsEqualsClippingTheFullGradient) {
   FsdpScenario s;
   s.world = 4;
