@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "fsdp_fixtures.h"
 #include "tandem/fsdp/unit_plan.h"
@@ -220,6 +222,31 @@ TEST(FsdpFeatures, MemoryPerRankIsAboutOneNthPlusTheLargestUnit) {
     EXPECT_GE(held[world], held[1] / world) << world;
     EXPECT_LE(held[world], held[1] / world + largest) << world;
   }
+}
+
+// A gather fails inside the operator observer, where LibTorch would swallow an exception: the forward must still
+// end in the collective's error rather than compute on placeholders and return.
+TEST(FsdpFeatures, AGatherThatFailsEndsTheForwardInItsError) {
+  std::atomic<bool> rank0_done{false};
+  run_thread_ranks(
+      2,
+      [&](int rank, comm::Communicator& communicator) {
+        fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(1), borrow(communicator));
+        if (rank == 1) {
+          // Never joins the forward's gathers; stays until rank 0 has seen its error, so the error is a timeout.
+          while (!rank0_done) std::this_thread::yield();
+          return;
+        }
+        Batch batch = rank_batch(FsdpScenario{}, 0, 0, rank);
+        try {
+          model(batch.x);
+          ADD_FAILURE() << "the forward returned although its gathers failed";
+        } catch (const CommError& error) {
+          EXPECT_NE(std::string(error.what()).find("all_gather_into"), std::string::npos) << error.what();
+        }
+        rank0_done = true;
+      },
+      std::chrono::seconds(2));
 }
 
 TEST(FsdpFeatures, RefusesParametersItCannotShard) {
