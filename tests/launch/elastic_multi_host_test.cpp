@@ -80,7 +80,8 @@ class ElasticJob {
   const NetworkNamespaces& hosts() const { return hosts_; }
   std::string events() const { return dir_ / "events"; }
 
-  void start(int host) {
+  void start(int host) { start(host, kRendezvousConf); }
+  void start(int host, const std::string& conf) {
     // The same command on every host (the job's agents insist); the host comes through the environment.
     const std::string worker = "echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK world $WORLD_SIZE host "
                                "$TEST_HOST\" >> '" + events() + "'; while [ ! -e '" + (dir_ / "finish") +
@@ -88,7 +89,7 @@ class ElasticJob {
     agents_[host] = std::make_unique<BackgroundProcess>(hosts_.on_host(
         host, {testing::tandem_cli(), "run", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", hosts_.address(0) + ":29400", "--rdzv-id", "elastic-test", "--rdzv-conf",
-               kRendezvousConf, "--max-restarts", "3", "--grace-period", "1", "--", "sh", "-c", worker}),
+               conf, "--max-restarts", "3", "--grace-period", "1", "--", "sh", "-c", worker}),
         std::map<std::string, std::string>{{"TEST_HOST", std::to_string(host)}});
   }
   void kill(int host) { ::kill(-agents_[host]->pid(), SIGKILL); }
@@ -192,6 +193,27 @@ TEST(ElasticMultiHost, AHostCutOffRejoinsOnceItsLinkIsBack) {
       EXPECT_NE(result.output.find("tandem run: lost the job's store at 10.77.0.1:29400"), std::string::npos)
           << result.output;
     }
+  }
+}
+
+TEST(ElasticMultiHost, LosingTheStoreHostEndsEveryOtherNodeWithOneLineAfterTheJoinTimeout) {
+  ElasticJob job;
+  if (!job.usable()) GTEST_SKIP() << job.unusable_reason();
+  const std::string conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=3";
+  for (int host = 0; host < 3; ++host) job.start(host, conf);
+  ASSERT_GE(job.wait_for_round(3, -1, "three hosts starting"), 0);
+  job.kill(0);
+  job.finish(0);
+  for (int host = 1; host < 3; ++host) {
+    const ProcessResult result = job.finish(host);
+    EXPECT_FALSE(result.timed_out) << "host " << host << ":\n" << result.output;
+    EXPECT_EQ(result.exit_code, 1) << "host " << host << ":\n" << result.output;
+    EXPECT_NE(result.output.find("tandem run: lost the job's store at 10.77.0.1:29400"), std::string::npos)
+        << result.output;
+    EXPECT_NE(result.output.find("tandem: error: cannot reach the elastic job's store at 10.77.0.1:29400 within "
+                                 "join_timeout 3 s"),
+              std::string::npos)
+        << result.output;
   }
 }
 
