@@ -66,10 +66,7 @@ void ShardedModel::before_forward() {
   current_ = -1;
   order_.clear();
   std::fill(seen_.begin(), seen_.end(), 0);
-  for (auto& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
-  std::fill(ready_count_.begin(), ready_count_.end(), 0);
-  std::fill(completed_.begin(), completed_.end(), 0);
-  backward_started_ = false;
+  reset_gradient_progress();
   reset_peak_unsharded_bytes();
   if (!units_.empty()) start_gather_of(previous_order_.empty() ? 0 : previous_order_.front());
 }
@@ -154,8 +151,16 @@ void ShardedModel::finish_backward() {
   for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) complete_unit(unit);
   for (auto& unit : units_) unit->finish_gradient_reduction();
   phase_ = Phase::kIdle;
-  backward_started_ = false;
+  // A second backward through the same graph (retain_graph) gathers, completes and reduces every unit again.
+  reset_gradient_progress();
   rethrow_failure();
+}
+
+void ShardedModel::reset_gradient_progress() {
+  for (auto& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(completed_.begin(), completed_.end(), 0);
+  backward_started_ = false;
 }
 
 void ShardedModel::note_unsharded() {

@@ -224,6 +224,25 @@ TEST(FsdpFeatures, MemoryPerRankIsAboutOneNthPlusTheLargestUnit) {
   }
 }
 
+// Two backward passes through one forward's graph (retain_graph) each reduce their gradients into the shards:
+// twice the gradient of one, as for the module's own parameters.
+TEST(FsdpFeatures, ASecondBackwardThroughTheSameGraphAddsItsGradients) {
+  run_thread_ranks(2, [](int rank, comm::Communicator& communicator) {
+    fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(4), borrow(communicator));
+    Batch batch = rank_batch(FsdpScenario{}, 0, 0, rank);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model(batch.x), batch.y);
+    loss.backward({}, /*retain_graph=*/true);
+    std::vector<torch::Tensor> once;
+    for (const torch::Tensor& shard : model.parameters()) once.push_back(shard.grad().clone());
+    loss.backward();
+    const auto shards = model.parameters();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(shards[i].grad(), 2 * once[i], 1e-6, 1e-8)) << "unit " << i;
+    }
+    EXPECT_EQ(model.sharded().held_bytes().unsharded, 0);
+  });
+}
+
 // A gather fails inside the operator observer, where LibTorch would swallow an exception: the forward must still
 // end in the collective's error rather than compute on placeholders and return.
 TEST(FsdpFeatures, AGatherThatFailsEndsTheForwardInItsError) {

@@ -79,6 +79,7 @@ class ShardedModel : public ParameterUser {
   void on_gradient_ready(int unit, size_t parameter);
   void complete_unit(int unit);
   void finish_backward();
+  void reset_gradient_progress();
   void note_unsharded();
   void start_gather_of(int unit);
   // The unit that ran `offset` places after `unit` in the last complete forward, or -1.
