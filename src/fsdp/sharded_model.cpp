@@ -36,6 +36,8 @@ ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr comm
   ready_count_.assign(unit_count, 0);
   completed_.assign(unit_count, 0);
   seen_.assign(unit_count, 0);
+  gathered_in_backward_.assign(unit_count, 0);
+  read_in_backward_.assign(unit_count, 1);  // until a backward has shown otherwise
 }
 
 ShardedModel::~ShardedModel() {
@@ -80,7 +82,7 @@ void ShardedModel::after_forward() {
     for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) {
       if (unit != current_) units_[unit]->reshard();
     }
-    if (current_ >= 0 && torch::GradMode::is_enabled()) start_gather_of(neighbour_in_order(current_, -1));
+    if (current_ >= 0 && torch::GradMode::is_enabled()) prefetch_for_backward(neighbour_in_order(current_, -1));
   }
   rethrow_failure();
 }
@@ -116,9 +118,11 @@ void ShardedModel::before_use(const std::vector<int>& units) {
     } else {
       // Backward (or a use outside the wrapper's forward): gather on demand, and the unit before this one,
       // whose gradient formulas come next.
-      for (int unit : units) units_[unit]->unshard();
-      const int previous = neighbour_in_order(units.back(), -1);
-      if (previous >= 0 && !completed_[previous]) start_gather_of(previous);
+      for (int unit : units) {
+        units_[unit]->unshard();
+        gathered_in_backward_[unit] = 1;
+      }
+      prefetch_for_backward(neighbour_in_order(units.back(), -1));
     }
     note_unsharded();
   } catch (...) {
@@ -151,6 +155,8 @@ void ShardedModel::finish_backward() {
   for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) complete_unit(unit);
   for (auto& unit : units_) unit->finish_gradient_reduction();
   phase_ = Phase::kIdle;
+  // What this backward read decides the next one's prefetches.
+  read_in_backward_ = gathered_in_backward_;
   // A second backward through the same graph (retain_graph) gathers, completes and reduces every unit again.
   reset_gradient_progress();
   rethrow_failure();
@@ -160,6 +166,7 @@ void ShardedModel::reset_gradient_progress() {
   for (auto& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   std::fill(completed_.begin(), completed_.end(), 0);
+  std::fill(gathered_in_backward_.begin(), gathered_in_backward_.end(), 0);
   backward_started_ = false;
 }
 
@@ -167,6 +174,11 @@ void ShardedModel::note_unsharded() {
   int64_t bytes = 0;
   for (const auto& unit : units_) bytes += unit->held_parameter_bytes();
   peak_unsharded_ = std::max(peak_unsharded_, bytes);
+}
+
+void ShardedModel::prefetch_for_backward(int unit) {
+  if (unit < 0 || completed_[unit] || !read_in_backward_[unit]) return;
+  start_gather_of(unit);
 }
 
 void ShardedModel::start_gather_of(int unit) {

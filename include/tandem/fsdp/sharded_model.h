@@ -82,6 +82,9 @@ class ShardedModel : public ParameterUser {
   void reset_gradient_progress();
   void note_unsharded();
   void start_gather_of(int unit);
+  // Starts gathering `unit` ahead of its gradient formulas, unless the last backward never read its parameters
+  // (Linear saves its weight transposed and reads that instead) or it has completed.
+  void prefetch_for_backward(int unit);
   // The unit that ran `offset` places after `unit` in the last complete forward, or -1.
   int neighbour_in_order(int unit, int offset) const;
   void rethrow_failure();
@@ -101,6 +104,8 @@ class ShardedModel : public ParameterUser {
   std::vector<std::vector<char>> ready_;
   std::vector<size_t> ready_count_;
   std::vector<char> completed_;
+  std::vector<char> gathered_in_backward_;  // units whose parameters this backward's formulas read
+  std::vector<char> read_in_backward_;      // the same for the last complete backward
   bool backward_started_ = false;
   std::exception_ptr failure_;
   int64_t peak_unsharded_ = 0;
