@@ -104,7 +104,7 @@ void train_steps(const FsdpScenario& s, int rank, Wrapper& model, torch::optim::
         (torch::nn::functional::cross_entropy(model(batch.x), batch.y) / s.micro_batches).backward();
       };
       if (k + 1 < s.micro_batches) {
-        auto guard = model.no_sync();
+        [[maybe_unused]] auto guard = model.no_sync();
         micro_step();
       } else {
         micro_step();
