@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "fsdp_full_state.h"
 #include "run.h"
 #include "run_start.h"
 #include "training_loaders.h"
@@ -121,18 +122,29 @@ TrainResult Run::execute() {
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
   if (run_timeline_) run_timeline_->finish(step_);
+  if (fsdp_model_) unshard_model();
   if (options_.report) write_report();
   result.steps = step_;
   return result;
 }
 
 // Onto the rank's device before DDP forms its buckets next to the gradients (Module::to moves the parameters'
-// data in place, so the optimizer's references stay valid), then into DDP or DataParallel.
+// data in place, so the optimizer's references stay valid), then into DDP, DataParallel or FSDP; under FSDP the
+// optimizer steps the shards from here to the run's end.
 void Run::wrap_model() {
   module_.to(options_.device);
   if (options_.strategy == Strategy::kDataParallel) {
     dp_model_ = std::make_unique<dp::DataParallel>(model_, dp::DataParallelOptions{
         options_.dp_devices.empty() ? dp::replica_devices(options_.device, 0) : options_.dp_devices, {}});
+    return;
+  }
+  if (options_.strategy == Strategy::kFsdp) {
+    require_fsdp_optimizer(optimizer_, module_);
+    fsdp::FsdpOptions fsdp_options;
+    fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+    fsdp_model_ = std::make_unique<fsdp::FullyShardedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
+                                                                                     fsdp_options);
+    shard_optimizer(fsdp_model_->sharded(), module_, optimizer_);
     return;
   }
   if (communicator_ && world_ > 1) ddp::require_backend_reduces(options_.comm_hook, *communicator_);
@@ -141,6 +153,13 @@ void Run::wrap_model() {
   ddp_options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
   ddp_options.comm_hook = ddp::make_comm_hook(options_.comm_hook, options_.powersgd);
   ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_, ddp_options);
+}
+
+// The caller gets its model and optimizer back as DDP leaves them: full parameters (the same on every rank), and
+// the optimizer over them with the whole state.
+void Run::unshard_model() {
+  FullStateView(fsdp_model_->sharded(), module_, optimizer_).keep();
+  fsdp_model_.reset();
 }
 
 // Rank 0's records, the timeline and the progress bar.
@@ -243,7 +262,9 @@ StepStatistics Run::train_step(int epoch, int64_t batch_index, const std::vector
   for (int64_t i = 0; i < count; ++i) {
     const data::Batch& batch = batches[static_cast<size_t>(i)];
     std::optional<ddp::NoSyncGuard> local_only;
+    std::optional<fsdp::NoSyncGuard> shards_local_only;
     if (ddp_model_ && i + 1 < count) local_only.emplace(ddp_model_->reducer());
+    if (fsdp_model_ && i + 1 < count) shards_local_only.emplace(fsdp_model_->no_sync());
     torch::Tensor loss;
     {
       monitor::TimelineSpan span(timeline_, monitor::SpanKind::kForward);
@@ -311,6 +332,7 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
 }
 
 torch::Tensor Run::forward_for_training(const torch::Tensor& x) {
+  if (fsdp_model_) return fsdp_model_->forward(x);
   if (!dp_model_) return ddp_model_->forward(x);
   // DataParallel splits the rows; a batch of none (every image unreadable) goes through the model itself.
   return x.size(0) > 0 ? dp_model_->forward(x) : model_.forward(x);

@@ -30,6 +30,9 @@ void check_ranges(const LoopOptions& options) {
 // Uneven inputs leave the ranks at different batches; what needs them in step is refused.
 const char* uneven_inputs_conflict(const LoopOptions& options) {
   if (options.strategy == Strategy::kDataParallel) return "`strategy` dp (one process has no uneven ranks)";
+  if (options.strategy == Strategy::kFsdp) {
+    return "`strategy` fsdp (a rank out of data cannot answer the others' all-gathers)";
+  }
   if (options.max_steps > 0) return "`max_steps` (ranks stop at different batches)";
   if (options.checkpoint_every > 0) return "`checkpoint_every` (ranks stand at different batches inside an epoch)";
   if (options.comm_hook == "powersgd") {
@@ -51,6 +54,16 @@ void validate(const LoopOptions& options, int world_size) {
     throw InvalidArgument(fmt::format("`comm_hook` {} shapes DDP's all-reduce between processes, and DataParallel "
                                       "reduces inside one process: drop `comm_hook`, or use `strategy` ddp",
                                       options.comm_hook));
+  }
+  if (options.strategy == Strategy::kFsdp && options.comm_hook != "average") {
+    throw InvalidArgument(fmt::format("`comm_hook` {} shapes DDP's all-reduce, and `strategy` fsdp reduce-scatters "
+                                      "its gradients itself: drop `comm_hook`, or use `strategy` ddp",
+                                      options.comm_hook));
+  }
+  if (options.strategy == Strategy::kFsdp && options.precision != amp::Precision::kFloat32) {
+    throw InvalidArgument(fmt::format("`precision` {} cannot be combined with `strategy` fsdp, whose mixed precision "
+                                      "is not implemented yet; use `precision` 32, or `strategy` ddp",
+                                      amp::to_string(options.precision)));
   }
   if (options.uneven_inputs) {
     if (const char* conflict = uneven_inputs_conflict(options)) {

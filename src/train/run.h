@@ -15,6 +15,7 @@
 #include "tandem/data/batch_loader.h"
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/dp/data_parallel.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/loop.h"
 #include "tandem/train/lr_schedule.h"
@@ -53,6 +54,8 @@ class Run {
  private:
   // loop.cpp: the set-up, the epoch and the step.
   void wrap_model();
+  // Strategy::kFsdp, at the run's end: the model's parameters and the optimizer full again (collective).
+  void unshard_model();
   void open_records(int64_t batches_per_epoch);
   EpochProgress train_epoch(int epoch, EpochProgress progress);
   StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
@@ -107,6 +110,7 @@ class Run {
 
   std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
   std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
+  std::unique_ptr<fsdp::FullyShardedDataParallel<nn::ModelHolder>> fsdp_model_;  // Strategy::kFsdp
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<RunRecorder> records_;  // rank 0's
   std::unique_ptr<RunTimeline> run_timeline_;

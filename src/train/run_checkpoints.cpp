@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
+#include "fsdp_full_state.h"
 #include "run.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/train/run_directory.h"
@@ -62,10 +64,14 @@ std::vector<torch::Device> Run::rng_devices() const {
 }
 
 void Run::resume_from(const std::string& checkpoint) {
+  // FSDP loads the full state as DDP does, each rank then cutting its shards from it (on any world size).
+  std::optional<FullStateView> full;
+  if (fsdp_model_) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     ExtraState extra;
     resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
                         : load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    if (full) full->commit();
     const CheckpointState now = checkpoint_state(0, {});
     require_same_data(resumed_, now, checkpoint);
     resumed_position_ = resumed_position(resumed_, now);
@@ -148,6 +154,9 @@ void Run::write_checkpoint(const CheckpointState& state) {
   CheckpointState complete = state;
   complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
   if (sharded_) sharded_->consolidate_state_dict(0);
+  // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
+  std::optional<FullStateView> full;
+  if (fsdp_model_) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};

@@ -30,10 +30,13 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
     ddp_model_->reducer().copy_replica_from(0);
   }
   if (eval_loader_) {
-    // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here.
+    // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here. FSDP's
+    // forward gathers each unit's parameters (every rank runs as many forwards, evaluate() sees to it).
     module_.eval();
-    const EvalCounts counts = evaluate([&](const torch::Tensor& x) { return in_precision([&] { return model_.forward(x); }); },
-                                       *eval_loader_, epoch, communicator_);
+    const auto forward = [&](const torch::Tensor& x) {
+      return in_precision([&] { return fsdp_model_ ? fsdp_model_->forward(x) : model_.forward(x); });
+    };
+    const EvalCounts counts = evaluate(forward, *eval_loader_, epoch, communicator_);
     m.accuracy = counts.accuracy();
     m.correct = counts.correct;
     m.total = counts.total;

@@ -105,7 +105,8 @@ class Loop {
   // Trains `model` (forward(batch.data) -> output for the loss; logits for evaluation's accuracy) with
   // `optimizer`, which must hold the model's trainable parameters. eval_set null: no evaluation. Collective:
   // every rank calls it with the same model architecture, optimizer kind and data. The model is moved to
-  // options().device and wrapped in DDP for the run; it holds the trained weights afterwards. The schedule sets
+  // options().device and wrapped in DDP (or FSDP, Strategy::kFsdp, with the optimizer stepping the shards) for the
+  // run; it holds the trained weights afterwards, and the optimizer its parameters with the whole state. The schedule sets
   // each param group's lr during the run; fit() gives every group back the lr it found, so a second fit() on the
   // same optimizer scales from the user's rate again.
   TrainResult fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,

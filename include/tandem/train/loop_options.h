@@ -24,8 +24,13 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 
 // How the model's work is spread. kDdp: one process per device or core group (tandem run), each a rank of
 // DistributedDataParallel. kDataParallel: one process, the model replicated over LoopOptions::dp_devices in
-// threads (dp/data_parallel.h); batch_size is then the whole step's batch, split among the replicas.
-enum class Strategy { kDdp, kDataParallel };
+// threads (dp/data_parallel.h); batch_size is then the whole step's batch, split among the replicas. kFsdp: one
+// process per device as kDdp, each rank holding one shard of every parameter, gradient and optimizer state
+// (fsdp/fully_sharded_data_parallel.h, each direct child of the model a unit). The loop points the optimizer (SGD,
+// Adam, AdamW or RMSprop, one param group of every parameter) at the shards for the run and back at the model's
+// parameters, with the full state, at its end; checkpoints hold the full state (docs/fsdp.md). Precision 32 and
+// the average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
+enum class Strategy { kDdp, kDataParallel, kFsdp };
 
 struct LoopOptions {
   // What checkpoints call the model (tandem train's `model`, "cnn"): a run dir continued with a model of other
@@ -78,13 +83,16 @@ struct LoopOptions {
   bool checkpoint = true;       // rank 0 writes a checkpoint at each epoch end (and when max_steps stops the run)
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
   int keep_checkpoints = 3;     // the newest this many stay in run_dir; 0: all
-  int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never
+  int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never. kDdp only
   // 32, bf16-mixed or 16-mixed (amp/precision.h): the forward pass and the loss run under autocast to the
   // lower dtype, evaluation too; 16-mixed scales the loss with a GradScaler of these options, whose state
   // goes into the checkpoints. fit() refuses a precision the device or LibTorch cannot run.
   amp::Precision precision = amp::Precision::kFloat32;
   amp::GradScalerOptions grad_scaler;
   Strategy strategy = Strategy::kDdp;
+  // kFsdp: free each unit's gathered parameters after its forward and gather them again in backward (ZeRO-3);
+  // false keeps them from forward to backward (more memory, one all-gather fewer per unit and step).
+  bool reshard_after_forward = true;
   // kDataParallel's replicas, the first on `device`; empty: one per visible GPU where device is a GPU, else as
   // many CPU replicas as this process has intra-op threads.
   std::vector<torch::Device> dp_devices;
