@@ -57,6 +57,7 @@ inline const std::vector<OptionName>& option_names() {
       {"check_replicas_every", "--check-replicas-every"},
       {"precision", "--precision"},
       {"strategy", "--strategy"},
+      {"reshard_after_forward", "--reshard-after-forward"},
       {"dp_devices", "--dp-replicas"},
       {"tensorboard", "--no-tensorboard", true},
       {"report", "--no-report", true},

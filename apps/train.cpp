@@ -49,7 +49,30 @@ struct TrainFlags {
   std::string timeline_steps = "6-25";
   bool no_tensorboard = false;
   bool no_report = false;
+  // Whether these were given: --strategy fsdp refuses the first and keeps the loop's check off, and the second
+  // needs --strategy fsdp.
+  CLI::Option* check_replicas_every = nullptr;
+  CLI::Option* reshard_after_forward = nullptr;
 };
+
+train::Strategy parse_strategy(const std::string& name) {
+  if (name == "dp") return train::Strategy::kDataParallel;
+  return name == "fsdp" ? train::Strategy::kFsdp : train::Strategy::kDdp;
+}
+
+// The refusals that depend on which flags were given, not only on their values.
+void check_given_flags(TrainFlags& flags) {
+  const bool fsdp = flags.strategy == "fsdp";
+  if (!fsdp && flags.reshard_after_forward->count() > 0) {
+    throw InvalidArgument("--reshard-after-forward needs --strategy fsdp: only fsdp's ranks free gathered parameters");
+  }
+  if (!fsdp) return;
+  if (flags.check_replicas_every->count() > 0) {
+    throw InvalidArgument("--check-replicas-every compares whole replicas, and --strategy fsdp's ranks hold "
+                          "different shards of the model: drop --check-replicas-every");
+  }
+  flags.options.loop.check_replicas_every = 0;
+}
 
 // OMP_NUM_THREADS where it is set to a number (as torchrun sets it), else 0. Held to --threads' range: a pool of
 // 100000 threads never finished starting.
@@ -77,7 +100,8 @@ int run_train(TrainFlags& flags) {
   loop.report = !flags.no_report;
   loop.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
   loop.precision = amp::parse_precision(flags.precision);
-  loop.strategy = flags.strategy == "dp" ? train::Strategy::kDataParallel : train::Strategy::kDdp;
+  loop.strategy = parse_strategy(flags.strategy);
+  check_given_flags(flags);
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
   // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.
   validate(flags.options);
@@ -142,10 +166,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint), on any world size and --batch-size; --seed, --epochs, --no-shuffle and the data must stay");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
-  command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never)")->capture_default_str()->check(at_least<int64_t>(0));
+  flags->check_replicas_every = command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never; not with --strategy fsdp)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
-  command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run) or dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp"}));
+  command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state; precision 32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));
+  flags->reshard_after_forward = command.add_option("--reshard-after-forward", o.reshard_after_forward, "--strategy fsdp: true frees each unit's gathered parameters after its forward and gathers them again in backward (ZeRO-3); false keeps them until backward (more memory, one all-gather fewer)")->default_str("true");
   command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(between<int>(1, kMostThreads));
   command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");

@@ -57,7 +57,11 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("model", fmt::format("{}, {} classes{}", program.model, folder.num_classes, program.sync_bn ? ", SyncBatchNorm" : ""));
   line("world size", std::to_string(world_size));
   line("device", o.device.str());
-  line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
+  if (o.strategy == Strategy::kFsdp) {
+    line("strategy", fmt::format("fsdp, {} after forward", o.reshard_after_forward ? "reshard" : "no reshard"));
+  } else {
+    line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
+  }
   line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
   line("epochs", std::to_string(o.epochs));
   // The products in doubles: each flag may be as large as its type, and their product no longer fits.
@@ -126,9 +130,28 @@ std::string models_with_batch_norm() {
   return names;
 }
 
+// --strategy fsdp's refusals: the program's own, then the loop's (which the loop would only make after the
+// rendezvous; none depends on the world size).
+void validate_fsdp(const TrainingProgramOptions& o) {
+  if (o.zero) {
+    throw InvalidArgument("--zero cannot be combined with --strategy fsdp, which shards the optimizer state itself "
+                          "(with the parameters and gradients): drop --zero");
+  }
+  if (o.sync_bn) {
+    throw InvalidArgument("--sync-bn cannot be combined with --strategy fsdp, which broadcasts rank 0's BatchNorm "
+                          "statistics at each forward instead: drop --sync-bn, or use --strategy ddp");
+  }
+  if (o.freeze_layers) {
+    throw InvalidArgument("--freeze-layers cannot be combined with --strategy fsdp, which shards trainable "
+                          "parameters only: drop --freeze-layers, or use --strategy ddp");
+  }
+  train::validate(o.loop, 1);
+}
+
 }  // namespace
 
 void validate(const TrainingProgramOptions& o) {
+  if (o.loop.strategy == Strategy::kFsdp) validate_fsdp(o);
   const bool dp = o.loop.strategy == Strategy::kDataParallel;
   if (o.dp_replicas > 0 && !dp) {
     throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");

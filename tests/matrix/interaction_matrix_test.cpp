@@ -149,9 +149,17 @@ CellRun command_for(const Cell& cell, const std::string& data, const std::string
   if (cell.kill()) run.launcher_args.insert(run.launcher_args.end(), {"--max-restarts", "1"});
   run.train_args = {"--data", data, "--model", cell.data_parallel() ? "cnn" : "cnn-bn", "--epochs",
                     std::to_string(kEpochs), "--batch-size", std::to_string(kBatch), "--threads", "1", "--seed", "3",
-                    "--timeout", "60", "--check-replicas-every", "1", "--precision", cell.at("precision"),
-                    "--accumulate-batches", std::to_string(cell.accumulate()), "--comm-hook", cell.at("comm hook"),
-                    "--powersgd-start", "2", "--no-tensorboard", "--no-report", "--save-weights", weights};
+                    "--timeout", "60"};
+  // fsdp's ranks hold different shards, no replicas to compare (its refusal is a row of bad_train_flags_test).
+  if (cell.at("strategy") == "fsdp") {
+    run.train_args.insert(run.train_args.end(), {"--strategy", "fsdp"});
+  } else {
+    run.train_args.insert(run.train_args.end(), {"--check-replicas-every", "1"});
+  }
+  run.train_args.insert(run.train_args.end(),
+                        {"--precision", cell.at("precision"), "--accumulate-batches", std::to_string(cell.accumulate()),
+                         "--comm-hook", cell.at("comm hook"), "--powersgd-start", "2", "--no-tensorboard",
+                         "--no-report", "--save-weights", weights});
   if (cell.data_parallel()) {
     run.train_args.insert(run.train_args.end(), {"--strategy", "dp", "--dp-replicas", std::to_string(ranks)});
   }
