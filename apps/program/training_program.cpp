@@ -77,7 +77,9 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   } else {
     line("comm hook", o.comm_hook);
   }
-  line("lr", fmt::format("{} x {} ranks = {} (cosine to x{})", program.lr, world_size, program.lr * world_size, o.lrf));
+  // A run continued on another layout rescales by its global batch over its first batch size; the loop says so.
+  line("lr", fmt::format("{} x {} rank{} = {} (cosine to x{})", program.lr, world_size, world_size == 1 ? "" : "s",
+                         program.lr * world_size, o.lrf));
   line("momentum", fmt::format("{}", program.momentum));
   line("weight decay", fmt::format("{}", program.weight_decay));
   line("zero", program.zero ? fmt::format("SGD state sharded over {} ranks", world_size) : "no");
