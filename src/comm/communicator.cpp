@@ -229,7 +229,12 @@ WorkPtr Communicator::all_gather_into(torch::Tensor& output, const torch::Tensor
   torch::Tensor received = on_wire(output);
   torch::Tensor sent = on_wire(input.contiguous());
   if (capabilities_.all_gather_into) {
-    return issue(signature_of("all_gather_into", input), [&] { return start_all_gather_into(received, sent); });
+    // Flat on both sides: 2.x's Gloo cuts the output into world-size pieces along its first dimension and wants
+    // each piece shaped as the input, which a multi-dimensional input is not.
+    torch::Tensor flat_received = received.view({-1});
+    torch::Tensor flat_sent = sent.view({-1});
+    return issue(signature_of("all_gather_into", input),
+                 [&] { return start_all_gather_into(flat_received, flat_sent); });
   }
   // Emulated: the list all-gather writes straight into views of the output's slices.
   std::vector<torch::Tensor> slices;
