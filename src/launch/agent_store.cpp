@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -81,17 +82,36 @@ void probe(const std::string& host, int port, std::chrono::milliseconds timeout)
   throw std::runtime_error(why);
 }
 
+// A client of the store at host:port, connected and answering, within `timeout` in all; throws
+// std::runtime_error saying why not. The TCPStore runs on a thread of its own: LibTorch 2.x's client constructor
+// pings the store and waits for the answer without a deadline, so a peer that accepts connections but never
+// answers (a hung store host, a port some other program listens on) would hold the agent past join_timeout for
+// ever. Such a thread is left behind, blocked on its own socket, and ends with the process.
 c10::intrusive_ptr<c10d::Store> connect_once(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
   probe(host, port, timeout);
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   options.isServer = false;
   options.waitWorkers = false;
   options.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  store->add(kConnectedKey, 1);
-  store->wait({kConnectedKey}, timeout);
-  return store;
+  auto answer = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+  std::future<c10::intrusive_ptr<c10d::Store>> connected = answer->get_future();
+  std::thread([host, options, answer] {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+      store->add(kConnectedKey, 1);
+      store->wait({kConnectedKey}, options.timeout);
+      answer->set_value(store);
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (connected.wait_until(deadline) != std::future_status::ready) {
+    throw std::runtime_error(fmt::format("it accepted the connection but did not answer within {:.1f} s",
+                                         timeout.count() / 1000.0));
+  }
+  return connected.get();
 }
 
 }  // namespace
