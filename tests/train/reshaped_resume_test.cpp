@@ -244,12 +244,12 @@ TEST(ReshapedResume, ZeroContinuesOnAnotherWorldSizeWithItsStateRecut) {
   for (const auto& w : on_three.weights) EXPECT_TRUE(torch::isfinite(w).all().item<bool>());
 }
 
-// 16-mixed's scaler state (growing every 3 steps here) carries over to the new layout: the continued run starts
-// from the checkpoint's scale and growth tracker. Its scales need not follow the uninterrupted 2 x 64 run's: a
-// rank's float16 backward divides the scaled loss by its own batch, so 1 x 128's intermediate gradients are half
-// of 2 x 64's and overflow only at twice the scale (on 2.11, from the checkpoint's 2^19 and tracker 2, the 2 x 64
-// run skipped step 16 and backed off to 2^18; 1 x 128 stepped, its third in a row, and grew to 2^20). So the test
-// follows the scaler's rule from the checkpoint's state instead, for 4 steps past the stop.
+// 16-mixed's scaler state (growing every 3 steps here) carries over to the new layout: 2 x 64 stopped at step 8
+// continues on 1 x 128 from the checkpoint's scale and growth tracker (2^18 and 2 on 2.11, so a tracker started
+// anew would grow at step 11, not 9). Its scales need not follow an uninterrupted 2 x 64 run's: a rank's float16
+// backward divides the scaled loss by its own batch, so 1 x 128's intermediate gradients are half of 2 x 64's and
+// overflow only at twice the scale (on 2.11, stopped at step 15 at 2^19, 2 x 64 skipped step 16 and backed off to
+// 2^18 where 1 x 128 stepped and grew to 2^20). So the test follows the scaler's rule from the checkpoint's state.
 TEST(ReshapedResume, SixteenMixedCarriesItsLossScaleOver) {
 #if TORCH_VERSION_MAJOR < 2
   GTEST_SKIP() << "1.13's CPU autocast has no float16";
@@ -262,18 +262,19 @@ TEST(ReshapedResume, SixteenMixedCarriesItsLossScaleOver) {
   };
   const std::string run_dir = make_temp_dir("reshaped_fp16");
   LoopOptions stopped = with_scaler(options_for(run_dir, 64));
-  stopped.max_steps = 15;
+  stopped.max_steps = 8;
   const Trained before = fit_on(2, stopped);
-  ASSERT_EQ(before.steps.size(), 15u);
+  ASSERT_EQ(before.steps.size(), 8u);
 
-  const train::TensorFile checkpoint = train::load_safetensors(checkpoint_path(run_dir, 1, 5));
+  const train::TensorFile checkpoint = train::load_safetensors(checkpoint_path(run_dir, 0, 8));
   double scale = std::stod(checkpoint.metadata.at("grad_scaler.scale"));
   int64_t tracker = std::stoll(checkpoint.metadata.at("grad_scaler.growth_tracker"));
   EXPECT_EQ(scale, before.steps.back().loss_scale) << "the checkpoint holds the stopped run's last scale";
   EXPECT_NE(scale, amp::GradScalerOptions{}.init_scale) << "a scale left at its start would prove nothing";
+  EXPECT_NE(tracker, 0) << "a tracker at 0 would not show that it carried over";
 
   LoopOptions continued_options = with_scaler(options_for(run_dir, 128));
-  continued_options.max_steps = 19;
+  continued_options.max_steps = 12;
   const Trained continued = fit_on(1, continued_options);
   ASSERT_EQ(continued.steps.size(), 4u);
   for (const StepInfo& step : continued.steps) {
