@@ -313,8 +313,17 @@ class ElasticAgent {
         return;
       } catch (const Error&) {
         throw;
-      } catch (const std::exception&) {
-        // Lost again while entering: try once more, within the same deadline.
+      } catch (const std::exception& error) {
+        // Lost again while entering: try once more, within the same deadline. The store host's reconnect returns
+        // its own store at once, so the deadline is checked here too, or a host whose entry keeps failing would
+        // try for ever.
+        if (Clock::now() >= deadline) {
+          throw CommError(fmt::format("could not rejoin the elastic job at {}:{} within join_timeout {:.0f} s ({}); "
+                                      "start this node again once the job's store answers",
+                                      settings_.host, settings_.port, settings_.join_timeout.count() / 1000.0,
+                                      first_line(error.what())));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }
   }
