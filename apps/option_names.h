@@ -54,6 +54,7 @@ inline const std::vector<OptionName>& option_names() {
       {"resume", "--resume"},
       {"checkpoint_every", "--checkpoint-every"},
       {"keep_checkpoints", "--keep-checkpoints"},
+      {"checkpoint_format", "--checkpoint-format"},
       {"check_replicas_every", "--check-replicas-every"},
       {"precision", "--precision"},
       {"strategy", "--strategy"},

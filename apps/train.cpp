@@ -43,6 +43,7 @@ struct TrainFlags {
   std::string device = "auto";
   std::string precision = "32";
   std::string strategy = "ddp";
+  std::string checkpoint_format = "full";
   std::string backend;
   double timeout_seconds = 300;
   bool no_shuffle = false;
@@ -101,6 +102,8 @@ int run_train(TrainFlags& flags) {
   loop.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
   loop.precision = amp::parse_precision(flags.precision);
   loop.strategy = parse_strategy(flags.strategy);
+  loop.checkpoint_format =
+      flags.checkpoint_format == "sharded" ? train::CheckpointFormat::kSharded : train::CheckpointFormat::kFull;
   check_given_flags(flags);
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
   // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.
@@ -166,10 +169,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint), on any world size and --batch-size; --seed, --epochs, --no-shuffle and the data must stay");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
+  command.add_option("--checkpoint-format", flags->checkpoint_format, "full (one file, the whole state gathered and written by rank 0) or sharded (--strategy fsdp: each rank writes its own shards' file, rank 0 an index; no rank gathers the model); either continues on any world size, and a ddp run continues a sharded one too")->capture_default_str()->check(CLI::IsMember({"full", "sharded"}));
   flags->check_replicas_every = command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never; not with --strategy fsdp)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
-  command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state; precision 32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));
+  command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state unless --checkpoint-format sharded; with --precision bf16-mixed or 16-mixed it computes on bfloat16 or float16 parameters gathered from float32 shards and reduces gradients in float32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));
   flags->reshard_after_forward = command.add_option("--reshard-after-forward", o.reshard_after_forward, "--strategy fsdp: true frees each unit's gathered parameters after its forward and gathers them again in backward (ZeRO-3); false keeps them until backward (more memory, one all-gather fewer)")->default_str("true");
   command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(between<int>(1, kMostThreads));
   command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");

@@ -154,6 +154,8 @@ void validate_fsdp(const TrainingProgramOptions& o) {
 
 void validate(const TrainingProgramOptions& o) {
   if (o.loop.strategy == Strategy::kFsdp) validate_fsdp(o);
+  // The loop's refusal of sharded checkpoints without fsdp, before the rendezvous (it needs no world size).
+  if (o.loop.checkpoint_format == train::CheckpointFormat::kSharded) train::validate(o.loop, 1);
   const bool dp = o.loop.strategy == Strategy::kDataParallel;
   if (o.dp_replicas > 0 && !dp) {
     throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");

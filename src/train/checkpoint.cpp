@@ -8,11 +8,15 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <typeinfo>
 
 #include "checkpoint_fields.h"
+#include "checkpoint_file.h"
+#include "optimizer_state_fields.h"
+#include "sharded_checkpoint.h"
 #include "tandem/monitor/crc32c.h"
 #include "tandem/optim/optimizer_archive.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
@@ -47,14 +51,6 @@ std::string not_a_checkpoint(const std::string& path) {
   return path + ": not a tandem checkpoint (expected metadata format=" + kCheckpointFormat + ")";
 }
 
-// `what` is wrong with the checkpoint at `path` itself (damaged, cut short, not one at all): the run dir's
-// checkpoint before it may well be whole, and the loop continues from that one once this one is out of the way.
-[[noreturn]] void throw_unusable(const std::string& what, const std::string& path) {
-  throw InvalidArgument(fmt::format("{}; move {} out of the run dir to continue from the checkpoint before it, or "
-                                    "start a new run in another `run_dir`",
-                                    what, std::filesystem::path(path).filename().string()));
-}
-
 std::string checksum_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
 
 uint32_t checksum_of_bytes(const torch::Tensor& cpu_contiguous) {
@@ -63,11 +59,10 @@ uint32_t checksum_of_bytes(const torch::Tensor& cpu_contiguous) {
 
 // Covers what the entries' own checksums do not: every entry's name, dtype and shape, and every metadata value
 // (epoch, step, the schedule...), which a damaged byte could change into another valid number.
-uint32_t checksum_of_header(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                            const std::map<std::string, std::string>& metadata) {
+uint32_t checksum_of_header(const std::vector<TensorEntry>& entries, const std::map<std::string, std::string>& metadata) {
   std::map<std::string, std::string> layouts;
-  for (const auto& [name, tensor] : tensors) {
-    layouts[name] = fmt::format("{} [{}]", c10::toString(tensor.scalar_type()), fmt::join(tensor.sizes(), ","));
+  for (const TensorEntry& entry : entries) {
+    layouts[entry.name] = fmt::format("{} [{}]", c10::toString(entry.dtype), fmt::join(entry.shape, ","));
   }
   std::string text;
   for (const auto& [name, layout] : layouts) text += name + '\0' + layout + '\n';
@@ -78,43 +73,244 @@ uint32_t checksum_of_header(const std::vector<std::pair<std::string, torch::Tens
   return monitor::crc32c(text);
 }
 
+std::vector<TensorEntry> entries_of(const NamedTensors& tensors) {
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  return entries;
+}
+
 // What is wrong with `file`, read from `path`, as a checkpoint: not one at all, or the header or the first entry
 // whose bytes do not match their checksum; "" when it is whole. Formats before checksums are whole if they
-// read.
+// read. A sharded checkpoint's other files are checked too, one entry at a time.
 std::string damage_of(const TensorFile& file, const std::string& path) {
   const std::string format = optional_meta(file, "format", "");
   if (format == kSecondFormat || format == kFirstFormat) return "";
-  if (format != kCheckpointFormat) return not_a_checkpoint(path);
-  const auto mismatch = [&](const std::string& what) {
-    return fmt::format("{}: {} does not match its checksum (the file is damaged)", path, what);
-  };
-  if (optional_meta(file, kHeaderChecksum, "") != checksum_text(checksum_of_header(file.tensors, file.metadata))) {
-    return mismatch("its metadata (or an entry's name, dtype or shape)");
-  }
+  if (format != kCheckpointFormat && format != kShardedCheckpointFormat) return not_a_checkpoint(path);
+  std::string damage = header_damage(entries_of(file.tensors), file.metadata, path);
   for (const auto& [name, tensor] : file.tensors) {
-    if (optional_meta(file, kChecksumPrefix + name, "") != checksum_text(checksum_of_bytes(tensor))) {
-      return mismatch("entry '" + name + "'");
+    if (damage.empty()) damage = entry_damage(name, tensor, file.metadata, path);
+  }
+  if (damage.empty() && format == kShardedCheckpointFormat) {
+    try {
+      damage = ShardedCheckpointReader(path, file.metadata).damage();
+    } catch (const InvalidArgument& unreadable) {  // the index missing or damaged
+      damage = unreadable.what();
     }
   }
-  return "";
+  return damage;
 }
 
 std::map<std::string, std::string> metadata_of(const torch::nn::Module& module, const std::string& optimizer_kind,
-                                               const torch::Tensor& archive, const CheckpointState& state,
+                                               const CheckpointContents& contents, const CheckpointState& state,
                                                const ExtraState& extra) {
-  std::map<std::string, std::string> meta{
-      {"format", kCheckpointFormat},
+  const torch::Tensor& archive = contents.optimizer_archive;
+  std::map<std::string, std::string> meta = contents.metadata;
+  meta.insert({
+      {"format", contents.format},
       {kModelClass, module.name()},
       {"optimizer", optimizer_kind},
       {"optimizer_fingerprint", std::to_string(fingerprint_of(archive))},
       {"libtorch_major", std::to_string(TORCH_VERSION_MAJOR)},
-  };
+  });
   write_state_fields(state, meta);
   for (const auto& [key, value] : extra.values) {
     if (key.empty()) throw InvalidArgument("ExtraState: a value has an empty name");
     meta[kExtraPrefix + key] = value;
   }
   return meta;
+}
+
+// LibTorch's optimizer archive names each parameter's state by an address written as text, and reads it back by
+// position; 1.x writes the address in hex, 2.x reads it as a decimal number, so an archive does not cross a
+// major version (2.x would give every parameter but one no state and crash in the next step).
+void check_same_libtorch(const TensorFile& file, const std::string& path) {
+  const std::string written_by = optional_meta(file, "libtorch_major", "");
+  if (written_by != std::to_string(TORCH_VERSION_MAJOR)) {
+    throw InvalidArgument(fmt::format("{} was written by a tandem built with LibTorch {}.x, this one uses {}.x: the "
+                                      "optimizer's state does not carry across; continue with a build of the same "
+                                      "LibTorch, or start a new run",
+                                      path, written_by.empty() ? "?" : written_by, TORCH_VERSION_MAJOR));
+  }
+}
+
+// tandem-checkpoint-1 held SGD momentum buffers by parameter name, the only optimizer tandem had then.
+void restore_first_format_momentum(const TensorFile& file, const std::string& path, const torch::nn::Module& module,
+                                   torch::optim::Optimizer& optimizer, const std::string& kind) {
+  if (kind != c10::demangle(typeid(torch::optim::SGD).name())) {
+    throw InvalidArgument(fmt::format("{} is a {} checkpoint, which holds SGD state only; this run trains with {}",
+                                      path, kFirstFormat, kind));
+  }
+  std::map<std::string, torch::Tensor> momentum;
+  const std::string prefix = kFirstFormatMomentumPrefix;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (name.rfind(prefix, 0) == 0) momentum.emplace(name.substr(prefix.size()), tensor);
+  }
+  auto& optimizer_states = optimizer.state();
+  for (const auto& item : module.named_parameters()) {
+    auto it = momentum.find(item.key());
+    if (it == momentum.end()) continue;
+    if (!it->second.sizes().equals(item.value().sizes())) {
+      throw InvalidArgument(path + ": momentum buffer of " + item.key() + " does not fit the model");
+    }
+    auto sgd_state = std::make_unique<torch::optim::SGDParamState>();
+    sgd_state->momentum_buffer(it->second.to(item.value().options()).clone());
+    optimizer_states[compat::optimizer_state_key(item.value())] = std::move(sgd_state);
+    momentum.erase(it);
+  }
+  if (!momentum.empty()) {
+    throw InvalidArgument(path + ": momentum buffer for unknown parameter " + momentum.begin()->first);
+  }
+}
+
+// The first difference between the model tensors a checkpoint holds (`saved`, names without "model.") and
+// `module`'s, in the module's order: a tensor only one of them has, or one of another shape; "" when none.
+std::string first_model_difference(const NamedShapes& saved, const torch::nn::Module& module) {
+  std::map<std::string, std::vector<int64_t>> saved_shapes(saved.begin(), saved.end());
+  std::set<std::string> in_module;
+  for (const auto& [name, tensor] : named_state(module)) {
+    in_module.insert(name);
+    auto found = saved_shapes.find(name);
+    if (found == saved_shapes.end()) return fmt::format("the model's '{}' is not in the checkpoint", name);
+    if (!tensor.sizes().equals(found->second)) {
+      return fmt::format("'{}' is [{}] in the checkpoint, [{}] in the model", name, fmt::join(found->second, ", "),
+                         fmt::join(tensor.sizes(), ", "));
+    }
+  }
+  for (const auto& [name, shape] : saved) {
+    if (!in_module.count(name)) return fmt::format("the checkpoint's '{}' is not in the model", name);
+  }
+  return "";
+}
+
+// A sharded checkpoint's per-element optimizer state, gathered from its pieces into the state of each of
+// `module`'s parameters that the archive gave a state (its scalars: Adam's step).
+void fill_parameter_states(ShardedCheckpointReader& pieces, const torch::nn::Module& module,
+                           torch::optim::Optimizer& optimizer) {
+  auto& states = optimizer.state();
+  for (const auto& item : module.named_parameters()) {
+    auto found = states.find(compat::optimizer_state_key(item.value()));
+    if (found == states.end()) continue;
+    std::vector<torch::Tensor> fields;
+    for (const std::string& field : state_field_names(*found->second)) {
+      const std::string name = optimizer_state_name(item.key(), field);
+      fields.push_back(pieces.index().find(name) ? pieces.read_whole(name).to(item.value().options()) : torch::Tensor());
+    }
+    found->second = with_state_tensors(*found->second, fields);
+  }
+}
+
+// `per_parameter_state`: whether the optimizer keeps each parameter's state where fill_parameter_states can put
+// it (not a ZeroRedundancyOptimizer, whose state only its archive fills).
+CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer, const std::string& kind,
+                                        bool per_parameter_state, ExtraState* extra) {
+  const TensorFile file = read_checkpoint_file(path);
+  const std::string format = optional_meta(file, "format", "");
+  if (format != kCheckpointFormat && format != kShardedCheckpointFormat) {
+    log::main_info("{} is a {} checkpoint, written before checkpoints carried checksums: it is loaded unverified",
+                   path, format);
+  }
+  CheckpointState state = read_state(file, path);
+
+  TensorFile model_part;
+  const std::string model_prefix = kModelPrefix;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
+  }
+  NamedShapes shapes;
+  // A sharded checkpoint's parameters are gathered whole from its pieces: this rank holds the whole model anyway.
+  std::optional<ShardedCheckpointReader> pieces;
+  if (format == kShardedCheckpointFormat) {
+    if (!per_parameter_state) {
+      throw InvalidArgument(fmt::format("{} is a sharded checkpoint of `strategy` fsdp, which a sharded optimizer "
+                                        "cannot take its state from; continue it with `strategy` fsdp, or with a "
+                                        "plain optimizer",
+                                        path));
+    }
+    pieces.emplace(path, file.metadata);
+    for (const ShardedTensor& tensor : pieces->index().tensors) {
+      if (!is_optimizer_state_name(tensor.name)) shapes.emplace_back(tensor.name, tensor.shape);
+    }
+  }
+  for (const auto& [name, tensor] : model_part.tensors) shapes.emplace_back(name, tensor.sizes().vec());
+  require_same_model(file, shapes, module, path, state.model_name);
+  if (pieces) {
+    for (const auto& [name, shape] : shapes) {
+      if (!model_part.find(name).defined()) model_part.tensors.emplace_back(name, pieces->read_whole(name));
+    }
+  }
+  load_weights(module, model_part, path, /*strict=*/true);
+  if (format == kFirstFormat) {
+    restore_first_format_momentum(file, path, module, optimizer, kind);
+  } else {
+    restore_optimizer(file, path, optimizer, kind, device_of(module));
+  }
+  if (pieces) fill_parameter_states(*pieces, module, optimizer);
+  if (extra) read_extra(file, *extra);
+  return state;
+}
+
+}  // namespace
+
+void save_checksummed(const std::string& path, const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
+  // On the CPU and contiguous as the file holds them, so that the checksums are of the bytes written.
+  NamedTensors host;
+  for (const auto& [name, tensor] : tensors) host.emplace_back(name, tensor.detach().to(torch::kCPU).contiguous());
+  for (const auto& [name, tensor] : host) metadata[kChecksumPrefix + name] = checksum_text(checksum_of_bytes(tensor));
+  metadata[kHeaderChecksum] = checksum_text(checksum_of_header(entries_of(host), metadata));
+  save_safetensors(path, host, metadata);
+}
+
+std::string header_damage(const std::vector<TensorEntry>& entries, const std::map<std::string, std::string>& metadata,
+                          const std::string& path) {
+  auto found = metadata.find(kHeaderChecksum);
+  if (found != metadata.end() && found->second == checksum_text(checksum_of_header(entries, metadata))) return "";
+  return fmt::format("{}: its metadata (or an entry's name, dtype or shape) does not match its checksum (the file is "
+                     "damaged)",
+                     path);
+}
+
+std::string entry_damage(const std::string& name, const torch::Tensor& bytes,
+                         const std::map<std::string, std::string>& metadata, const std::string& path) {
+  auto found = metadata.find(kChecksumPrefix + name);
+  if (found != metadata.end() && found->second == checksum_text(checksum_of_bytes(bytes.contiguous()))) return "";
+  return fmt::format("{}: entry '{}' does not match its checksum (the file is damaged)", path, name);
+}
+
+// `what` is wrong with the checkpoint at `path` itself (damaged, cut short, not one at all): the run dir's
+// checkpoint before it may well be whole, and the loop continues from that one once this one is out of the way.
+[[noreturn]] void throw_unusable(const std::string& what, const std::string& path) {
+  throw InvalidArgument(fmt::format("{}; move {} out of the run dir to continue from the checkpoint before it, or "
+                                    "start a new run in another `run_dir`",
+                                    what, std::filesystem::path(path).filename().string()));
+}
+
+void write_checkpoint_file(const std::string& path, const torch::nn::Module& module, const std::string& kind,
+                           const CheckpointContents& contents, const CheckpointState& state, const ExtraState& extra) {
+  NamedTensors tensors;
+  const auto add = [&](const std::string& name, const torch::Tensor& tensor) { tensors.emplace_back(name, tensor); };
+  for (const auto& [name, tensor] : contents.model) add(kModelPrefix + name, tensor);
+  add(kOptimizerArchive, contents.optimizer_archive);
+  if (state.rng.cpu.defined()) add(kCpuRng, state.rng.cpu);
+  if (state.rng.device.defined()) add(kDeviceRng, state.rng.device);
+  for (const auto& [name, tensor] : extra.tensors) {
+    if (name.empty()) throw InvalidArgument("ExtraState: a tensor has an empty name");
+    add(kExtraPrefix + name, tensor);
+  }
+  save_checksummed(path, tensors, metadata_of(module, kind, contents, state, extra));
+}
+
+// The file at `path`, read whole and checked to be an intact tandem checkpoint.
+TensorFile read_checkpoint_file(const std::string& path) {
+  TensorFile file;
+  try {
+    file = load_safetensors(path);
+  } catch (const InvalidArgument& unreadable) {
+    throw_unusable(unreadable.what(), path);
+  }
+  const std::string damage = damage_of(file, path);
+  if (!damage.empty()) throw_unusable(damage, path);
+  return file;
 }
 
 CheckpointState read_state(const TensorFile& file, const std::string& path) {
@@ -132,19 +328,6 @@ CheckpointState read_state(const TensorFile& file, const std::string& path) {
 torch::Device device_of(const torch::nn::Module& module) {
   for (const auto& parameter : module.parameters()) return parameter.device();
   return torch::kCPU;
-}
-
-// LibTorch's optimizer archive names each parameter's state by an address written as text, and reads it back by
-// position; 1.x writes the address in hex, 2.x reads it as a decimal number, so an archive does not cross a
-// major version (2.x would give every parameter but one no state and crash in the next step).
-void check_same_libtorch(const TensorFile& file, const std::string& path) {
-  const std::string written_by = optional_meta(file, "libtorch_major", "");
-  if (written_by != std::to_string(TORCH_VERSION_MAJOR)) {
-    throw InvalidArgument(fmt::format("{} was written by a tandem built with LibTorch {}.x, this one uses {}.x: the "
-                                      "optimizer's state does not carry across; continue with a build of the same "
-                                      "LibTorch, or start a new run",
-                                      path, written_by.empty() ? "?" : written_by, TORCH_VERSION_MAJOR));
-  }
 }
 
 void restore_optimizer(const TensorFile& file, const std::string& path, torch::optim::Optimizer& optimizer,
@@ -180,35 +363,6 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   }
 }
 
-// tandem-checkpoint-1 held SGD momentum buffers by parameter name, the only optimizer tandem had then.
-void restore_first_format_momentum(const TensorFile& file, const std::string& path, const torch::nn::Module& module,
-                                   torch::optim::Optimizer& optimizer, const std::string& kind) {
-  if (kind != c10::demangle(typeid(torch::optim::SGD).name())) {
-    throw InvalidArgument(fmt::format("{} is a {} checkpoint, which holds SGD state only; this run trains with {}",
-                                      path, kFirstFormat, kind));
-  }
-  std::map<std::string, torch::Tensor> momentum;
-  const std::string prefix = kFirstFormatMomentumPrefix;
-  for (const auto& [name, tensor] : file.tensors) {
-    if (name.rfind(prefix, 0) == 0) momentum.emplace(name.substr(prefix.size()), tensor);
-  }
-  auto& optimizer_states = optimizer.state();
-  for (const auto& item : module.named_parameters()) {
-    auto it = momentum.find(item.key());
-    if (it == momentum.end()) continue;
-    if (!it->second.sizes().equals(item.value().sizes())) {
-      throw InvalidArgument(path + ": momentum buffer of " + item.key() + " does not fit the model");
-    }
-    auto sgd_state = std::make_unique<torch::optim::SGDParamState>();
-    sgd_state->momentum_buffer(it->second.to(item.value().options()).clone());
-    optimizer_states[compat::optimizer_state_key(item.value())] = std::move(sgd_state);
-    momentum.erase(it);
-  }
-  if (!momentum.empty()) {
-    throw InvalidArgument(path + ": momentum buffer for unknown parameter " + momentum.begin()->first);
-  }
-}
-
 void read_extra(const TensorFile& file, ExtraState& extra) {
   const std::string prefix = kExtraPrefix;
   for (const auto& [name, tensor] : file.tensors) {
@@ -219,52 +373,9 @@ void read_extra(const TensorFile& file, ExtraState& extra) {
   }
 }
 
-// `optimizer`'s state, recorded as of `kind`.
-void save_checkpoint_of_kind(const std::string& path, const torch::nn::Module& module,
-                             const torch::optim::Optimizer& optimizer, const std::string& kind,
-                             const CheckpointState& state, const ExtraState& extra) {
-  // On the CPU and contiguous as the file holds them, so that the checksums are of the bytes written.
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  const auto add = [&](const std::string& name, const torch::Tensor& tensor) {
-    tensors.emplace_back(name, tensor.detach().to(torch::kCPU).contiguous());
-  };
-  for (auto& [name, tensor] : named_state(module)) add(kModelPrefix + name, tensor);
-  torch::Tensor archive = optim::save_optimizer_archive(optimizer);
-  add(kOptimizerArchive, archive);
-  if (state.rng.cpu.defined()) add(kCpuRng, state.rng.cpu);
-  if (state.rng.device.defined()) add(kDeviceRng, state.rng.device);
-  for (const auto& [name, tensor] : extra.tensors) {
-    if (name.empty()) throw InvalidArgument("ExtraState: a tensor has an empty name");
-    add(kExtraPrefix + name, tensor);
-  }
-  std::map<std::string, std::string> metadata = metadata_of(module, kind, archive, state, extra);
-  for (const auto& [name, tensor] : tensors) metadata[kChecksumPrefix + name] = checksum_text(checksum_of_bytes(tensor));
-  metadata[kHeaderChecksum] = checksum_text(checksum_of_header(tensors, metadata));
-  save_safetensors(path, tensors, metadata);
-}
-
-// The first difference between the model tensors a checkpoint holds (`saved`, names without "model.") and
-// `module`'s, in the module's order: a tensor only one of them has, or one of another shape; "" when none.
-std::string first_model_difference(const TensorFile& saved, const torch::nn::Module& module) {
-  std::set<std::string> in_module;
-  for (const auto& [name, tensor] : named_state(module)) {
-    in_module.insert(name);
-    const torch::Tensor saved_tensor = saved.find(name);
-    if (!saved_tensor.defined()) return fmt::format("the model's '{}' is not in the checkpoint", name);
-    if (!saved_tensor.sizes().equals(tensor.sizes())) {
-      return fmt::format("'{}' is [{}] in the checkpoint, [{}] in the model", name,
-                         fmt::join(saved_tensor.sizes(), ", "), fmt::join(tensor.sizes(), ", "));
-    }
-  }
-  for (const auto& [name, tensor] : saved.tensors) {
-    if (!in_module.count(name)) return fmt::format("the checkpoint's '{}' is not in the model", name);
-  }
-  return "";
-}
-
 // Compared before anything is copied: a run dir continued with another model (or another number of classes)
 // is one line naming both models and the first tensor that differs, where load_weights would list every one.
-void require_same_model(const TensorFile& file, const TensorFile& saved, const torch::nn::Module& module,
+void require_same_model(const TensorFile& file, const NamedShapes& saved, const torch::nn::Module& module,
                         const std::string& path, const std::string& saved_model_name) {
   const std::string difference = first_model_difference(saved, module);
   if (difference.empty()) return;
@@ -273,56 +384,14 @@ void require_same_model(const TensorFile& file, const TensorFile& saved, const t
   const std::string saved_class = optional_meta(file, kModelClass, "model");
   const size_t module_tensors = named_state(module).size();
   const std::string models =
-      saved_class == module.name() && saved.tensors.size() == module_tensors
+      saved_class == module.name() && saved.size() == module_tensors
           ? ""
           : fmt::format("the checkpoint holds a {} of {} tensors, this run's model is a {} of {}, and ", saved_class,
-                        saved.tensors.size(), module.name(), module_tensors);
+                        saved.size(), module.name(), module_tensors);
   throw InvalidArgument(fmt::format("{} was written for another model{}: {}{}; resume with the `model` and "
                                     "`num_classes` the run was trained with, or start a new run in another `run_dir`",
                                     path, trained_as, models, difference));
 }
-
-// The file at `path`, read whole and checked to be an intact tandem checkpoint.
-TensorFile read_checkpoint_file(const std::string& path) {
-  TensorFile file;
-  try {
-    file = load_safetensors(path);
-  } catch (const InvalidArgument& unreadable) {
-    throw_unusable(unreadable.what(), path);
-  }
-  const std::string damage = damage_of(file, path);
-  if (!damage.empty()) throw_unusable(damage, path);
-  return file;
-}
-
-CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Module& module,
-                                        torch::optim::Optimizer& optimizer, const std::string& kind,
-                                        ExtraState* extra) {
-  const TensorFile file = read_checkpoint_file(path);
-  const std::string format = optional_meta(file, "format", "");
-  if (format != kCheckpointFormat) {
-    log::main_info("{} is a {} checkpoint, written before checkpoints carried checksums: it is loaded unverified",
-                   path, format);
-  }
-  CheckpointState state = read_state(file, path);
-
-  TensorFile model_part;
-  const std::string model_prefix = kModelPrefix;
-  for (const auto& [name, tensor] : file.tensors) {
-    if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
-  }
-  require_same_model(file, model_part, module, path, state.model_name);
-  load_weights(module, model_part, path, /*strict=*/true);
-  if (format == kFirstFormat) {
-    restore_first_format_momentum(file, path, module, optimizer, kind);
-  } else {
-    restore_optimizer(file, path, optimizer, kind, device_of(module));
-  }
-  if (extra) read_extra(file, *extra);
-  return state;
-}
-
-}  // namespace
 
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer) { return c10::demangle(typeid(optimizer).name()); }
 
@@ -334,23 +403,27 @@ std::string optimizer_kind(const optim::ZeroRedundancyOptimizer& optimizer) {
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer& optimizer,
                      const CheckpointState& state, const ExtraState& extra) {
-  save_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), state, extra);
+  write_checkpoint_file(path, module, optimizer_kind(optimizer),
+                        {named_state(module), optim::save_optimizer_archive(optimizer), kCheckpointFormat, {}}, state,
+                        extra);
 }
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& module,
                      const optim::ZeroRedundancyOptimizer& optimizer, const CheckpointState& state,
                      const ExtraState& extra) {
-  save_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), state, extra);
+  write_checkpoint_file(path, module, optimizer_kind(optimizer),
+                        {named_state(module), optim::save_optimizer_archive(optimizer), kCheckpointFormat, {}}, state,
+                        extra);
 }
 
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra) {
-  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), extra);
+  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), true, extra);
 }
 
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
                                 optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra) {
-  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), extra);
+  return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), false, extra);
 }
 
 std::string checkpoint_damage(const std::string& path) {

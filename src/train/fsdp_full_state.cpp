@@ -11,6 +11,7 @@
 #include <typeinfo>
 #include <utility>
 
+#include "optimizer_state_fields.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -19,39 +20,6 @@ namespace {
 using torch::optim::OptimizerParamState;
 using fsdp::FlatUnit;
 using OptimizerStates = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-
-// The per-element tensors of one parameter's state, each of the parameter's (or the shard's) shape; undefined
-// where the optimizer's options keep none (AdamW's max_exp_avg_sq without amsgrad).
-std::vector<torch::Tensor> state_tensors(const OptimizerParamState& state) {
-  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) return {s->momentum_buffer()};
-  if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
-  }
-  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
-  }
-  if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&state)) {
-    return {s->square_avg(), s->momentum_buffer(), s->grad_avg()};
-  }
-  TANDEM_CHECK(false, "fsdp: an optimizer state of a kind require_fsdp_optimizer does not accept");
-  return {};
-}
-
-// A copy of `like` (its scalars: Adam's step) with `tensors` in state_tensors()'s order.
-std::unique_ptr<OptimizerParamState> with_state_tensors(const OptimizerParamState& like,
-                                                        const std::vector<torch::Tensor>& t) {
-  std::unique_ptr<OptimizerParamState> copy = like.clone();
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(copy.get())) {
-    s->momentum_buffer(t[0]);
-  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(copy.get())) {
-    s->exp_avg(t[0]).exp_avg_sq(t[1]).max_exp_avg_sq(t[2]);
-  } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(copy.get())) {
-    s->exp_avg(t[0]).exp_avg_sq(t[1]).max_exp_avg_sq(t[2]);
-  } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(copy.get())) {
-    s->square_avg(t[0]).momentum_buffer(t[1]).grad_avg(t[2]);
-  }
-  return copy;
-}
 
 // `shard_piece` of every rank, end to end: the unit's padded flat vector.
 torch::Tensor gather_flat(const FlatUnit& unit, const torch::Tensor& shard_piece, comm::Communicator* communicator) {

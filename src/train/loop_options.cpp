@@ -60,10 +60,9 @@ void validate(const LoopOptions& options, int world_size) {
                                       "its gradients itself: drop `comm_hook`, or use `strategy` ddp",
                                       options.comm_hook));
   }
-  if (options.strategy == Strategy::kFsdp && options.precision != amp::Precision::kFloat32) {
-    throw InvalidArgument(fmt::format("`precision` {} cannot be combined with `strategy` fsdp, whose mixed precision "
-                                      "is not implemented yet; use `precision` 32, or `strategy` ddp",
-                                      amp::to_string(options.precision)));
+  if (options.checkpoint_format == CheckpointFormat::kSharded && options.strategy != Strategy::kFsdp) {
+    throw InvalidArgument("`checkpoint_format` sharded needs `strategy` fsdp: only fsdp's ranks hold shards to write; "
+                          "drop `checkpoint_format`, or use `strategy` fsdp");
   }
   if (options.uneven_inputs) {
     if (const char* conflict = uneven_inputs_conflict(options)) {

@@ -1,13 +1,16 @@
-// The Run's checkpoints (train/run.h): continuing from one, and writing one. A checkpoint is written by rank 0
+// The Run's checkpoints (train/run.h): continuing from one, and writing one. A full checkpoint is written by rank 0
 // alone, after every rank has sent it what only that rank has: its generators and, with a sharded optimizer, its
-// share of the state.
+// share of the state. A sharded one (fsdp) is written by every rank, its own shards' file, then completed by
+// rank 0 (fsdp_sharded_state.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
 
 #include "fsdp_full_state.h"
+#include "fsdp_sharded_state.h"
 #include "run.h"
+#include "sharded_checkpoint.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/util/log.h"
@@ -64,13 +67,19 @@ std::vector<torch::Device> Run::rng_devices() const {
 }
 
 void Run::resume_from(const std::string& checkpoint) {
-  // FSDP loads the full state as DDP does, each rank then cutting its shards from it (on any world size).
+  // FSDP cuts its shards from a sharded checkpoint's pieces, or loads the full state as DDP does and cuts them
+  // from that (on any world size). DDP gathers a sharded checkpoint's pieces whole.
+  const bool pieces_into_shards = fsdp_model_ && is_sharded_checkpoint(checkpoint);
   std::optional<FullStateView> full;
-  if (fsdp_model_) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  if (fsdp_model_ && !pieces_into_shards) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     ExtraState extra;
-    resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
-                        : load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    if (pieces_into_shards) {
+      resumed_ = load_fsdp_sharded_checkpoint(checkpoint, fsdp_model_->sharded(), module_, optimizer_, &extra);
+    } else {
+      resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
+                          : load_checkpoint(checkpoint, module_, optimizer_, &extra);
+    }
     if (full) full->commit();
     const CheckpointState now = checkpoint_state(0, {});
     require_same_data(resumed_, now, checkpoint);
@@ -154,14 +163,22 @@ void Run::write_checkpoint(const CheckpointState& state) {
   CheckpointState complete = state;
   complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
   if (sharded_) sharded_->consolidate_state_dict(0);
+  const std::string path = checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
+  const bool in_pieces = fsdp_model_ && options_.checkpoint_format == CheckpointFormat::kSharded;
+  // Every rank's pieces are in place before rank 0 writes the file that completes the checkpoint.
+  if (in_pieces) {
+    comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint",
+                           [&] { write_fsdp_shard_file(path, fsdp_model_->sharded(), optimizer_); });
+  }
   // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
   std::optional<FullStateView> full;
-  if (fsdp_model_) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  if (fsdp_model_ && !in_pieces) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
-    const std::string path = checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
-    if (sharded_) {
+    if (in_pieces) {
+      write_fsdp_checkpoint_file(path, fsdp_model_->sharded(), module_, optimizer_, complete, extra);
+    } else if (sharded_) {
       save_checkpoint(path, module_, *sharded_, complete, extra);
     } else {
       save_checkpoint(path, module_, optimizer_, complete, extra);

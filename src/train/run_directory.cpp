@@ -10,6 +10,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "sharded_checkpoint.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
@@ -128,6 +129,7 @@ std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_
       std::error_code error;
       fs::rename(path, path + ".damaged", error);
       if (error) throw Error("cannot move the damaged checkpoint " + path + " aside: " + error.message());
+      for (const std::string& part : sharded_checkpoint_parts(path)) fs::rename(part, part + ".damaged", error);
       log::main_info("skipping a damaged checkpoint: {}; moved it to {}.damaged, continuing from {}", what, path, *it);
     }
     return *it;
@@ -140,7 +142,10 @@ std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_
 
 void remove_unfinished_checkpoints(const std::string& run_dir) {
   for (const std::string& name : entry_names(run_dir)) {
-    if (name.rfind("checkpoint-", 0) == 0 && name.find(".safetensors.tmp.") != std::string::npos) {
+    // A sharded checkpoint's part whose checkpoint file never came (or was pruned before it) is unfinished too.
+    const std::string part_of = checkpoint_of_part(name);
+    const bool orphan = !part_of.empty() && !fs::exists(run_dir + "/" + part_of);
+    if (orphan || (name.rfind("checkpoint-", 0) == 0 && name.find(".tmp.") != std::string::npos)) {
       std::error_code ignored;  // another cleanup may have won the race; what matters is that it is gone
       fs::remove(run_dir + "/" + name, ignored);
     }
@@ -152,8 +157,13 @@ void prune_checkpoints(const std::string& run_dir, int keep) {
   const std::vector<std::string> checkpoints = list_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < checkpoints.size(); ++i) {
     std::error_code error;
+    // The checkpoint file first: parts left by a crash here are orphans, which the next start removes.
     fs::remove(checkpoints[i], error);
     if (error) throw Error("cannot remove the old checkpoint " + checkpoints[i] + ": " + error.message());
+    for (const std::string& part : sharded_checkpoint_parts(checkpoints[i])) {
+      fs::remove(part, error);
+      if (error) throw Error("cannot remove the old checkpoint's file " + part + ": " + error.message());
+    }
   }
 }
 

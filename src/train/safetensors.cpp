@@ -1,5 +1,6 @@
 #include "tandem/train/safetensors.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -173,83 +174,92 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   });
 }
 
-TensorFile load_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
   TANDEM_CHECK(host_is_little_endian(), "safetensors reading assumes a little-endian host");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument(path + ": cannot open safetensors file: " + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+  if (!in_) throw InvalidArgument(path_ + ": cannot open safetensors file: " + std::strerror(errno));
+  in_.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in_.tellg());
+  in_.seekg(0);
   unsigned char size_bytes[8];
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(size_bytes), 8)) {
-    throw InvalidArgument(detail::concat(path, ": the file is ", file_size, " bytes, shorter than the 8 that give a ",
+  if (file_size < 8 || !in_.read(reinterpret_cast<char*>(size_bytes), 8)) {
+    throw InvalidArgument(detail::concat(path_, ": the file is ", file_size, " bytes, shorter than the 8 that give a ",
                                          "safetensors file's header length (it was cut short, or is not one)"));
   }
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
-    throw InvalidArgument(detail::concat(path, ": its header length says ", header_size, " bytes, but the file holds ",
+    throw InvalidArgument(detail::concat(path_, ": its header length says ", header_size, " bytes, but the file holds ",
                                          file_size - 8, " after it (it was cut short, or is not a safetensors file)"));
   }
   std::string text(header_size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_size));
+  in_.read(text.data(), static_cast<std::streamsize>(header_size));
   json header;
   try {
     header = json::parse(text);
   } catch (const json::parse_error& error) {
     // The parser's own text ("[json.exception.parse_error.101] ... ill-formed UTF-8 byte") tells a user nothing
     // they can act on; where the header breaks does.
-    throw InvalidArgument(detail::concat(path, ": its header is not valid JSON at byte ", error.byte, " of ",
+    throw InvalidArgument(detail::concat(path_, ": its header is not valid JSON at byte ", error.byte, " of ",
                                          header_size, " (the file is damaged, or is not a safetensors file)"));
   } catch (const json::exception&) {  // a number too large for any type
-    throw InvalidArgument(path + ": its header is not JSON that can be read (the file is damaged, or is not a "
-                                 "safetensors file)");
+    throw InvalidArgument(path_ + ": its header is not JSON that can be read (the file is damaged, or is not a "
+                                  "safetensors file)");
   }
   if (!header.is_object()) {
-    throw InvalidArgument(path + ": its header is not a JSON object (the file is damaged, or is not a safetensors "
-                                 "file)");
+    throw InvalidArgument(path_ + ": its header is not a JSON object (the file is damaged, or is not a safetensors "
+                                  "file)");
   }
 
-  const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = file_size - data_start;
-  TensorFile file;
-  struct Pending {
-    std::string name;
-    uint64_t begin;
-  };
-  std::vector<Pending> order;
+  data_start_ = 8 + header_size;
+  const uint64_t data_size = file_size - data_start_;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
-      if (!it->is_object()) throw InvalidArgument(path + ": __metadata__ must be an object of strings");
+      if (!it->is_object()) throw InvalidArgument(path_ + ": __metadata__ must be an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw InvalidArgument(path + ": __metadata__ value '" + m.key() + "' is not a string");
-        file.metadata[m.key()] = m->get<std::string>();
+        if (!m->is_string()) throw InvalidArgument(path_ + ": __metadata__ value '" + m.key() + "' is not a string");
+        metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
     try {
-      const EntryLayout layout = entry_layout(*it, data_size, path, name);
-      torch::Tensor t = torch::empty(layout.shape, torch::TensorOptions().dtype(layout.type));
-      const uint64_t bytes = layout.end - layout.begin;
-      in.seekg(static_cast<std::streamoff>(data_start + layout.begin));
-      if (bytes > 0 && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
-        throw InvalidArgument(path + ": the file ended while reading tensor '" + name + "' (it was cut short)");
-      }
-      file.tensors.emplace_back(name, std::move(t));
-      order.push_back({name, layout.begin});
+      const EntryLayout layout = entry_layout(*it, data_size, path_, name);
+      entries_.push_back({name, layout.type, layout.shape, layout.begin, layout.end});
     } catch (const json::exception&) {  // a key missing, or a value of another JSON type
-      throw InvalidArgument(path + ": tensor '" + name + "' has a malformed header entry (it needs a dtype name, "
-                                   "a shape and data_offsets; the file is damaged, or is not a safetensors file)");
+      throw InvalidArgument(path_ + ": tensor '" + name + "' has a malformed header entry (it needs a dtype name, "
+                                    "a shape and data_offsets; the file is damaged, or is not a safetensors file)");
     }
   }
-  // Keep the file's data order, which is the writer's order (the JSON object itself is unordered).
-  std::vector<size_t> index(order.size());
-  for (size_t i = 0; i < index.size(); ++i) index[i] = i;
-  std::stable_sort(index.begin(), index.end(), [&](size_t a, size_t b) { return order[a].begin < order[b].begin; });
-  std::vector<std::pair<std::string, torch::Tensor>> sorted;
-  for (size_t i : index) sorted.push_back(std::move(file.tensors[i]));
-  file.tensors = std::move(sorted);
+  // The file's data order, which is the writer's order (the JSON object itself is unordered).
+  std::stable_sort(entries_.begin(), entries_.end(),
+                   [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
+}
+
+const TensorEntry* SafetensorsReader::find(const std::string& name) const {
+  for (const TensorEntry& entry : entries_) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+torch::Tensor SafetensorsReader::read(const std::string& name) {
+  const TensorEntry* entry = find(name);
+  if (!entry) throw InvalidArgument(path_ + ": has no tensor '" + name + "'");
+  torch::Tensor t = torch::empty(entry->shape, torch::TensorOptions().dtype(entry->dtype));
+  const uint64_t bytes = entry->end - entry->begin;
+  in_.clear();
+  in_.seekg(static_cast<std::streamoff>(data_start_ + entry->begin));
+  if (bytes > 0 && !in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
+    throw InvalidArgument(path_ + ": the file ended while reading tensor '" + name + "' (it was cut short)");
+  }
+  return t;
+}
+
+TensorFile load_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  TensorFile file;
+  file.metadata = reader.metadata();
+  for (const TensorEntry& entry : reader.entries()) file.tensors.emplace_back(entry.name, reader.read(entry.name));
   return file;
 }
 

@@ -28,9 +28,16 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 // process per device as kDdp, each rank holding one shard of every parameter, gradient and optimizer state
 // (fsdp/fully_sharded_data_parallel.h, each direct child of the model a unit). The loop points the optimizer (SGD,
 // Adam, AdamW or RMSprop, one param group of every parameter) at the shards for the run and back at the model's
-// parameters, with the full state, at its end; checkpoints hold the full state (docs/fsdp.md). Precision 32 and
-// the average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
+// parameters, with the full state, at its end; checkpoints hold the full state (docs/fsdp.md). bf16-mixed and
+// 16-mixed compute on bfloat16 or float16 parameters gathered from float32 shards and reduce gradients in float32.
+// The average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
 enum class Strategy { kDdp, kDataParallel, kFsdp };
+
+// What a checkpoint holds (docs/checkpoint.md). kFull: the whole state in one file, written by rank 0 (kFsdp
+// gathers it on every rank first). kSharded (kFsdp only): each rank writes its shards' pieces to a file of its
+// own and rank 0 an index of them, so no rank gathers the model; it continues on any world size, under kFsdp or
+// (gathered whole on each rank) kDdp with a plain optimizer. A run continues either kind, whatever it writes.
+enum class CheckpointFormat { kFull, kSharded };
 
 struct LoopOptions {
   // What checkpoints call the model (tandem train's `model`, "cnn"): a run dir continued with a model of other
@@ -82,7 +89,8 @@ struct LoopOptions {
   bool resume = false;          // without run_dir: continue the newest run under runs/
   bool checkpoint = true;       // rank 0 writes a checkpoint at each epoch end (and when max_steps stops the run)
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
-  int keep_checkpoints = 3;     // the newest this many stay in run_dir; 0: all
+  int keep_checkpoints = 3;     // the newest this many stay in run_dir (a sharded one with all its files); 0: all
+  CheckpointFormat checkpoint_format = CheckpointFormat::kFull;
   int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never. kDdp only
   // 32, bf16-mixed or 16-mixed (amp/precision.h): the forward pass and the loss run under autocast to the
   // lower dtype, evaluation too; 16-mixed scales the loss with a GradScaler of these options, whose state

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -30,6 +31,37 @@ struct TensorFile {
 // a crash).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor's place in a file, as its header says (offsets relative to the data section).
+struct TensorEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// A file's header, checked against the file's size, with its tensors read one at a time on request: a reader
+// that needs a few of many tensors (a rank of a sharded checkpoint, train/checkpoint.h) holds only those.
+// Throws InvalidArgument as load_safetensors does.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorEntry>& entries() const { return entries_; }  // in the file's data order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorEntry* find(const std::string& name) const;  // null if absent
+  // One tensor, on the CPU; InvalidArgument naming the file when it is absent or cut short.
+  torch::Tensor read(const std::string& name);
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
 
 // Reads every tensor onto the CPU. A truncated, corrupt or unsupported file throws InvalidArgument naming the
 // file and what is wrong.
