@@ -1,38 +1,78 @@
 #include "tandem/fsdp/sharded_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "tandem/fsdp/unit_plan.h"
 #include "tandem/util/error.h"
 
 namespace tandem::fsdp {
+namespace {
 
 using parameter_use_watch::Pause;
+
+std::string dtype_name(torch::ScalarType dtype) {
+  if (dtype == torch::kHalf) return "float16";
+  return dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+}
+
+void require_floating_dtype(torch::ScalarType dtype, const char* field) {
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kHalf) {
+    throw InvalidArgument(fmt::format("fsdp mixed_precision.{} is {}; use float32, bfloat16 or float16", field,
+                                      c10::toString(dtype)));
+  }
+}
+
+// Every rank reduce-scatters a probe in `dtype`: a backend without it refuses on every rank alike, before the
+// backend sends anything.
+void require_backend_reduces(comm::Communicator& communicator, torch::ScalarType dtype) {
+  torch::Tensor input = torch::zeros({communicator.world_size()}, torch::TensorOptions().dtype(dtype).device(communicator.device()));
+  torch::Tensor output = torch::empty({1}, input.options());
+  try {
+    communicator.reduce_scatter(output, input, comm::ReduceOp::Avg)->wait();
+  } catch (const UnsupportedError&) {
+    throw UnsupportedError(fmt::format("fsdp reduce_dtype {} needs a backend that reduces {}, and {} in this build "
+                                       "does not; set mixed_precision.reduce_dtype to float32, or use a LibTorch 2.x "
+                                       "build",
+                                       dtype_name(dtype), dtype_name(dtype), communicator.backend_name()));
+  }
+}
+
+}  // namespace
 
 ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options)
     : communicator_(std::move(communicator)), options_(std::move(options)) {
   Pause pause;
   comm::Communicator* comm = communicator_.get();
-  std::vector<UnitSpec> specs = plan_units(module, options_.units);
+  const MixedPrecision& precision = options_.mixed_precision;
+  require_floating_dtype(precision.param_dtype, "param_dtype");
+  require_floating_dtype(precision.reduce_dtype_or_param(), "reduce_dtype");
+  if (comm && comm->world_size() > 1 && precision.reduce_dtype_or_param() != torch::kFloat32) {
+    require_backend_reduces(*comm, precision.reduce_dtype_or_param());
+  }
+  const bool low_precision = precision.param_dtype != torch::kFloat32;
+  std::vector<UnitSpec> specs =
+      plan_units(module, options_.units, low_precision ? precision.float32_module_types : std::vector<std::string>{});
   std::vector<torch::Tensor> buffers = module.buffers();
   if (!buffers.empty()) {
     buffers_ = std::make_unique<ddp::CoalescedBroadcaster>(std::move(buffers));
     if (comm && comm->world_size() > 1) buffers_->broadcast(*comm);
   }
-  for (UnitSpec& spec : specs) units_.push_back(std::make_unique<FlatUnit>(std::move(spec), comm));
+  for (UnitSpec& spec : specs) {
+    const bool float32 = spec.keeps_float32;
+    units_.push_back(std::make_unique<FlatUnit>(std::move(spec), comm,
+                                                float32 ? torch::kFloat32 : precision.param_dtype,
+                                                float32 ? torch::kFloat32 : precision.reduce_dtype_or_param()));
+  }
   const int unit_count = static_cast<int>(units_.size());
   ready_.resize(unit_count);
   for (int unit = 0; unit < unit_count; ++unit) {
     const auto& parameters = units_[unit]->parameters();
     ready_[unit].assign(parameters.size(), 0);
-    for (size_t index = 0; index < parameters.size(); ++index) {
-      // Made while the parameter is resharded: the placeholder has the parameter's shape, which the gradient
-      // accumulator records for its input.
-      hooks_.push_back(compat::add_grad_ready_hook(parameters[index].tensor,
-                                                   [this, unit, index] { on_gradient_ready(unit, index); }));
-      parameter_use_watch::watch(parameters[index].tensor, this, unit);
-    }
+    for (const auto& parameter : parameters) parameter_use_watch::watch(parameter.tensor, this, unit);
   }
+  hook_gradient_accumulators();
   ready_count_.assign(unit_count, 0);
   completed_.assign(unit_count, 0);
   seen_.assign(unit_count, 0);
@@ -56,12 +96,38 @@ std::vector<torch::Tensor> ShardedModel::shards() const {
   return result;
 }
 
+// Made while the parameters are resharded: the placeholder has the parameter's shape and the unit's param dtype,
+// which the gradient accumulator records for its input.
+void ShardedModel::hook_gradient_accumulators() {
+  size_t hook = 0;
+  for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) {
+    const auto& parameters = units_[unit]->parameters();
+    for (size_t index = 0; index < parameters.size(); ++index, ++hook) {
+      if (hook < hooks_.size()) {
+        if (hooks_[hook].accumulator == torch::autograd::impl::grad_accumulator(parameters[index].tensor)) continue;
+        compat::remove_grad_ready_hook(hooks_[hook]);
+      } else {
+        hooks_.emplace_back();
+      }
+      hooks_[hook] = compat::add_grad_ready_hook(parameters[index].tensor,
+                                                 [this, unit, index] { on_gradient_ready(unit, index); });
+    }
+  }
+}
+
+torch::Tensor ShardedModel::cast_forward_input(const torch::Tensor& input) const {
+  const MixedPrecision& precision = options_.mixed_precision;
+  if (!precision.cast_forward_inputs || !input.defined() || !input.is_floating_point()) return input;
+  return input.to(precision.param_dtype);
+}
+
 void ShardedModel::before_forward() {
   rethrow_failure();
   parameter_use_watch::install_on_this_thread();
   Pause pause;
   // Left over from a forward without backward (evaluation): gathered before the optimizer last stepped.
   for (auto& unit : units_) unit->reshard();
+  hook_gradient_accumulators();
   comm::Communicator* comm = communicator_.get();
   if (buffers_ && options_.broadcast_buffers && comm && comm->world_size() > 1) buffers_->broadcast(*comm);
   phase_ = Phase::kForward;
@@ -144,7 +210,11 @@ void ShardedModel::complete_unit(int unit) {
   if (completed_[unit]) return;
   completed_[unit] = 1;
   Pause pause;
-  if (gradient_sync_) units_[unit]->start_gradient_reduction();
+  if (gradient_sync_) {
+    units_[unit]->start_gradient_reduction();
+  } else {
+    units_[unit]->accumulate_gradients();
+  }
   units_[unit]->reshard();
 }
 

@@ -1,6 +1,7 @@
 #include "tandem/fsdp/unit_plan.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "tandem/util/error.h"
@@ -78,6 +79,36 @@ class Planner {
   std::vector<UnitSpec> units_;
 };
 
+// Moves the parameters of every module of `types` out of the units into units of their own, each placed after
+// the unit it came from.
+std::vector<UnitSpec> split_float32_modules(torch::nn::Module& root, std::vector<UnitSpec> units,
+                                            const std::vector<std::string>& types) {
+  std::unordered_map<const c10::TensorImpl*, std::string> owner;  // parameter -> its float32 module's path
+  for (const auto& entry : root.named_modules("", /*include_self=*/false)) {
+    if (!module_type_matches(*entry.value(), types)) continue;
+    for (const auto& parameter : entry.value()->parameters()) owner.emplace(parameter.unsafeGetTensorImpl(), entry.key());
+  }
+  if (owner.empty()) return units;
+  std::vector<UnitSpec> result;
+  for (UnitSpec& unit : units) {
+    UnitSpec rest{unit.name, {}, unit.keeps_float32};
+    std::vector<UnitSpec> kept;
+    for (auto& entry : unit.parameters) {
+      auto found = owner.find(entry.second.unsafeGetTensorImpl());
+      if (found == owner.end()) {
+        rest.parameters.push_back(std::move(entry));
+        continue;
+      }
+      auto same = std::find_if(kept.begin(), kept.end(), [&](const UnitSpec& k) { return k.name == found->second; });
+      if (same == kept.end()) same = kept.insert(kept.end(), UnitSpec{found->second, {}, true});
+      same->parameters.push_back(std::move(entry));
+    }
+    if (!rest.parameters.empty()) result.push_back(std::move(rest));
+    for (UnitSpec& k : kept) result.push_back(std::move(k));
+  }
+  return result;
+}
+
 }  // namespace
 
 bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names) {
@@ -90,7 +121,8 @@ bool module_type_matches(const torch::nn::Module& module, const std::vector<std:
                      [&](const std::string& name) { return name == full || name == last || name == bare; });
 }
 
-std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy) {
+std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy,
+                                 const std::vector<std::string>& float32_module_types) {
   if (policy.min_parameters && !policy.module_types.empty()) {
     throw InvalidArgument("fsdp unit policy sets both min_parameters and module_types; choose one");
   }
@@ -108,7 +140,7 @@ std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& poli
       planner.add_unit(child.key(), planner.subtree(child.key(), *child.value()));
     }
   }
-  return planner.finish(root);
+  return split_float32_modules(root, planner.finish(root), float32_module_types);
 }
 
 }  // namespace tandem::fsdp

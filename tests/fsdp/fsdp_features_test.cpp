@@ -281,8 +281,8 @@ TEST(FsdpFeatures, RefusesParametersItCannotShard) {
   torch::nn::Linear doubles(2, 2);
   doubles->to(torch::kFloat64);
   EXPECT_EQ(refusal(doubles),
-            "fsdp shards float32 parameters only, but 0.weight is Double; keep the model in float32 (mixed precision "
-            "is not implemented yet)");
+            "fsdp shards float32 parameters only, but 0.weight is Double; keep the model in float32 and compute in a "
+            "lower precision through FsdpOptions::mixed_precision");
   torch::nn::Linear frozen(2, 2);
   frozen->bias.requires_grad_(false);
   EXPECT_EQ(refusal(frozen),

@@ -2,7 +2,10 @@
 // One FSDP unit: its parameters flattened into one float32 vector, padded to a multiple of the world size,
 // of which this rank keeps one equal shard. The shard is what the optimizer steps on; the module's own
 // parameter tensors point into the gathered vector while the unit is unsharded and at a one-element
-// placeholder, broadcast to their shapes, while it is sharded.
+// placeholder, broadcast to their shapes, while it is sharded. Both are of the unit's param dtype (mixed
+// precision: the shard is cast before it is gathered), so a parameter never changes dtype once the unit is made:
+// LibTorch's Tensor::set_data drops a parameter's gradient accumulator, and with it ShardedModel's hook, when the
+// dtype changes. Gradients arrive in the param dtype and are reduced in the unit's reduce dtype.
 //
 // Collectives: the constructor's broadcast of rank 0's values, start_gather()'s all-gather and
 // start_gradient_reduction()'s reduce-scatter. Every rank must call them in the same order; the caller
@@ -30,8 +33,10 @@ class FlatUnit {
   };
 
   // Collective: broadcasts rank 0's values of the unit's parameters (every rank starts alike), keeps this
-  // rank's shard and reshards. `communicator` may be null: a world of one.
-  FlatUnit(UnitSpec spec, comm::Communicator* communicator);
+  // rank's shard and reshards. `communicator` may be null: a world of one. The parameters must be float32;
+  // param_dtype and reduce_dtype are float32, bfloat16 or float16.
+  FlatUnit(UnitSpec spec, comm::Communicator* communicator, torch::ScalarType param_dtype,
+           torch::ScalarType reduce_dtype);
 
   const std::string& name() const { return name_; }
   const std::vector<Parameter>& parameters() const { return parameters_; }
@@ -41,9 +46,12 @@ class FlatUnit {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_numel_; }
   bool is_unsharded() const { return unsharded_; }
+  torch::ScalarType param_dtype() const { return param_dtype_; }
+  torch::ScalarType reduce_dtype() const { return reduce_dtype_; }
   // Bytes of the gathered vector (held while unsharded or while a gather is in flight): the unit's cost.
   int64_t unsharded_bytes() const;
-  // What this unit holds now: gathered or in-flight vectors and the module parameters' full gradients.
+  // What this unit holds now: gathered or in-flight vectors; the module parameters' full gradients, those
+  // accumulated under no_sync and the reductions in flight.
   int64_t held_parameter_bytes() const;
   int64_t held_gradient_bytes() const;
 
@@ -56,10 +64,15 @@ class FlatUnit {
   // Points the parameters back at the placeholder and lets the vector go (after its gather completed).
   void reshard();
 
-  // Flattens the parameters' gradients (a missing one counts as zeros), drops them and starts the averaging
-  // reduce-scatter of the flat gradient into this rank's piece.
+  // no_sync: adds the parameters' gradients into a flat full-size vector of the reduce dtype and drops them (a
+  // micro-batch's gradients add up there, not in the param dtype).
+  void accumulate_gradients();
+  // Adds the parameters' gradients (a missing one counts as zeros) to what accumulate_gradients() kept, in a flat
+  // vector of the reduce dtype, drops them and starts the averaging reduce-scatter of that vector into this
+  // rank's piece.
   void start_gradient_reduction();
-  // Waits for that reduce-scatter and adds the piece into shard().grad(); does nothing if none was started.
+  // Waits for that reduce-scatter and adds the piece, as float32, into shard().grad(); does nothing if none was
+  // started.
   void finish_gradient_reduction();
 
   // Collective: a copy of every parameter's full values, by name, gathered without touching the unit's state.
@@ -67,6 +80,8 @@ class FlatUnit {
 
  private:
   torch::Tensor gather_now();
+  // Adds every parameter's gradient into `flat` (reduce dtype, padded) at its offset and drops it.
+  void move_gradients_into(torch::Tensor& flat);
 
   std::string name_;
   comm::Communicator* communicator_;
@@ -75,12 +90,15 @@ class FlatUnit {
   std::vector<Parameter> parameters_;
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;
+  torch::ScalarType param_dtype_;
+  torch::ScalarType reduce_dtype_;
   torch::Tensor shard_;
   torch::Tensor placeholder_;  // one zero, which resharded parameters are broadcast from
   bool unsharded_ = false;
   torch::Tensor gathered_;     // while unsharded
   torch::Tensor in_flight_;    // the gather's output until it completed
   comm::WorkPtr gather_work_;
+  torch::Tensor accumulated_;  // no_sync's gradients, flat, in the reduce dtype
   torch::Tensor reduction_input_, reduction_output_;
   comm::WorkPtr reduction_work_;
 };

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,11 +35,13 @@ class FullyShardedDataParallel {
       : module_(std::move(module)),
         sharded_(std::make_unique<ShardedModel>(*module_, std::move(communicator), std::move(options))) {}
 
+  // Floating tensor arguments reach the module in the param dtype (FsdpOptions::mixed_precision); the output is
+  // what the module returns, in the dtype it computed.
   template <typename... Args>
   auto forward(Args&&... args) {
     sharded_->before_forward();
     try {
-      auto output = module_->forward(std::forward<Args>(args)...);
+      auto output = module_->forward(cast_input(std::forward<Args>(args))...);
       sharded_->after_forward();
       return output;
     } catch (...) {
@@ -66,6 +69,15 @@ class FullyShardedDataParallel {
   ShardedModel& sharded() { return *sharded_; }
 
  private:
+  template <typename Arg>
+  decltype(auto) cast_input(Arg&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<Arg>, torch::Tensor>) {
+      return sharded_->cast_forward_input(arg);
+    } else {
+      return std::forward<Arg>(arg);
+    }
+  }
+
   ModuleType module_;
   std::unique_ptr<ShardedModel> sharded_;
 };

@@ -8,7 +8,9 @@
 // that came next in the previous forward. after_forward() reshards all but the last unit. Backward: an operator
 // of a gradient formula that reads a sharded parameter gathers its unit again (and starts on the unit before
 // it); once every parameter of a unit has its gradient, the unit reshards and starts reduce-scattering the flat
-// gradient, averaged, into its shard's grad; the end of backward waits for those reductions.
+// gradient, averaged, into its shard's grad; the end of backward waits for those reductions. With mixed precision
+// (FsdpOptions::mixed_precision) the gathers and the module compute in the param dtype and the reductions run in
+// the reduce dtype; the shards and their gradients stay float32.
 //
 // All of this runs on the thread that runs the forward and on the autograd engine's thread(s), one at a time.
 #include <torch/nn/module.h>
@@ -40,14 +42,19 @@ struct HeldBytes {
 
 class ShardedModel : public ParameterUser {
  public:
-  // Collective: plans the units, broadcasts rank 0's parameters and buffers and shards the parameters.
-  // `communicator` may be null (a world of one) and must outlive this object.
+  // Collective: plans the units, broadcasts rank 0's parameters and buffers and shards the parameters. With a
+  // reduce dtype other than float32 it first reduces a probe in that dtype, so that a backend without it is
+  // refused here in one line rather than in the first backward. `communicator` may be null (a world of one) and
+  // must outlive this object.
   ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options);
   ~ShardedModel() override;
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   void before_forward();
+  // A forward argument as the first unit should get it: a floating tensor in the param dtype under
+  // mixed_precision.cast_forward_inputs, anything else unchanged.
+  torch::Tensor cast_forward_input(const torch::Tensor& input) const;
   // Throws a failure met during the forward's gathers.
   void after_forward();
   // After a forward that threw: reshards and forgets the step, without throwing.
@@ -77,6 +84,9 @@ class ShardedModel : public ParameterUser {
 
   void before_use(const std::vector<int>& units) override;
   void on_gradient_ready(int unit, size_t parameter);
+  // Hooks every parameter's gradient accumulator, again where LibTorch replaced it: Tensor::set_data drops it
+  // when a parameter's dtype changes, as under mixed precision a FullStateView's float32 values do.
+  void hook_gradient_accumulators();
   void complete_unit(int unit);
   void finish_backward();
   void reset_gradient_progress();
@@ -93,7 +103,7 @@ class ShardedModel : public ParameterUser {
   FsdpOptions options_;
   std::vector<std::unique_ptr<FlatUnit>> units_;
   std::unique_ptr<ddp::CoalescedBroadcaster> buffers_;
-  std::vector<compat::GradReadyHook> hooks_;
+  std::vector<compat::GradReadyHook> hooks_;  // per unit and parameter, in order
 
   Phase phase_ = Phase::kIdle;
   bool gradient_sync_ = true;

@@ -15,11 +15,16 @@ struct UnitSpec {
   std::string name;
   // The unit's parameters with their full names in the root's state dict, in registration order.
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  // A module of MixedPrecision::float32_module_types: the unit keeps float32 parameters whatever param_dtype is.
+  bool keeps_float32 = false;
 };
 
 // Every parameter of `root` lands in exactly one unit (a tensor registered twice, in the first that has it);
 // units without parameters are left out, the root unit comes last. Refuses a policy that sets both fields.
-std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy);
+// Then each module whose type is among `float32_module_types` leaves the unit the policy put it in for a unit of
+// its own, marked keeps_float32, placed after that unit.
+std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy,
+                                 const std::vector<std::string>& float32_module_types = {});
 
 // Whether a module's type is one of `names` (as UnitPolicy::module_types reads them).
 bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names);
