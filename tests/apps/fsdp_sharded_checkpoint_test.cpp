@@ -167,15 +167,15 @@ TEST_F(FsdpShardedCheckpoint, DamagedOrMissingPartsAreOneLineNamingTheFileAndKee
   EXPECT_TRUE(fs::exists(damaged + ".damaged"));
   EXPECT_TRUE(fs::exists(run + "/" + kStopped + ".index.json.damaged"));
 
-  // Step 7's checkpoint without its rank 1 file, step 6's without its index: one line naming the newest's
-  // missing file, no crash, and nothing renamed.
+  // Step 7's checkpoint without its rank 1 file, step 6's without its index: rank 0's one line names the newest's
+  // missing file, no crash, and nothing is renamed.
   const std::string missing = run + "/checkpoint-0001-00000001.rank-00001-of-00002.safetensors";
   ASSERT_TRUE(fs::remove(missing));
   ASSERT_TRUE(fs::remove(run + "/checkpoint-0001-00000000.index.json"));
   const testing::ProcessResult refused = train(2, data_, run, with(kSharded, {"--steps", "8"}));
   ASSERT_FALSE(refused.timed_out) << refused.output;
-  EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("every checkpoint in " + run + " is damaged (the newest: " + missing),
+  EXPECT_NE(refused.exit_code, 0) << refused.output;  // rank 0's 2, or its peer's 1 that the launcher met first
+  EXPECT_NE(refused.output.find("error: every checkpoint in " + run + " is damaged (the newest: " + missing),
             std::string::npos)
       << refused.output;
   EXPECT_TRUE(fs::exists(run + "/checkpoint-0001-00000001.safetensors"));
