@@ -1,6 +1,7 @@
 // `tandem bench train`: training steps per second at each world size, DDP against independent processes and
 // DataParallel, and against PyTorch's DDP; it starts its own processes (bench/train_driver.h).
 //   tandem bench train [--backend mpi] [--compare pytorch]
+//   tandem bench train --strategy fsdp [--compare pytorch]: FSDP beside DDP (and PyTorch's FSDP2)
 //   tandem bench train --end-to-end [--rounds R]: the main job as a user runs it, vs a lean PyTorch script
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,6 +31,8 @@ struct BenchTrainFlags {
   bench::TrainDriverOptions driver;
   std::string world_sizes = "1,2";
   std::string compare;
+  std::string strategy = "ddp";
+  bool reshard_after_forward = true;
   // Internal: set when this process is one of the workers the driver started.
   std::string worker_mode;
   std::string bucket_plan = "adapt";
@@ -37,6 +40,7 @@ struct BenchTrainFlags {
   std::string result_path;
   // Flags that only matter beside another one; given without it, they are refused rather than ignored.
   const CLI::Option* pytorch_script = nullptr;
+  const CLI::Option* reshard = nullptr;
   std::vector<const CLI::Option*> powersgd;
   // --end-to-end times whole runs of the main job (bench/end_to_end.h) and reads only the flags named in
   // end_to_end_reads; its step counts have defaults of their own.
@@ -81,16 +85,21 @@ std::string worker_arguments(const bench::TrainDriverOptions& d, const std::stri
   return fmt::format(
       "bench train --model {} --image-size {} --device {} --backend {} --batch-size {} --steps {} --repeats {} "
       "--warmup {} --threads {} --bucket-cap-mb {} --first-bucket-cap-mb {} --bucket-plan {}{} --comm-hook {} "
-      "--powersgd-rank {} --powersgd-start {} --worker {} --replicas {} --result {}",
+      "--powersgd-rank {} --powersgd-start {} --reshard-after-forward {} --worker {} --replicas {} --result {}",
       o.model, o.image_size, d.device, d.backend, o.batch_size, o.steps, o.repeats, o.warmup, d.threads,
       o.ddp.bucket_cap_mb, o.ddp.first_bucket_cap_mb, o.ddp.bucket_plan == ddp::BucketPlan::kCaps ? "caps" : "adapt",
       o.ddp.gradient_as_bucket_view ? " --gradient-as-bucket-view" : "",
-      o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter, mode, replicas, result_path);
+      o.comm_hook, o.powersgd.matrix_approximation_rank, o.powersgd.start_powersgd_iter,
+      !o.fsdp || o.fsdp->reshard_after_forward ? "true" : "false", mode, replicas, result_path);
 }
 
 void refuse_flags_without_effect(const BenchTrainFlags& flags) {
   if (flags.pytorch_script->count() > 0 && flags.compare.empty()) {
     throw InvalidArgument("--pytorch-script is only read with --compare pytorch; add that or drop --pytorch-script");
+  }
+  if (flags.reshard->count() > 0 && flags.strategy != "fsdp") {
+    throw InvalidArgument(
+        "--reshard-after-forward is only read with --strategy fsdp; add that or drop --reshard-after-forward");
   }
   for (const CLI::Option* option : flags.powersgd) {
     if (option->count() > 0 && flags.driver.bench.comm_hook != "powersgd") {
@@ -107,12 +116,18 @@ int run_bench_train(BenchTrainFlags& flags, const CLI::App& command) {
   }
   bench::TrainDriverOptions& d = flags.driver;
   d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;
+  fsdp::FsdpOptions fsdp_options;
+  fsdp_options.reshard_after_forward = flags.reshard_after_forward;
+  // A worker shards only as a rank of the FSDP job; the driver's other workers of an fsdp run are plain.
+  const bool sharded = flags.worker_mode.empty() ? flags.strategy == "fsdp" : flags.worker_mode == "fsdp";
+  if (sharded) d.bench.fsdp = fsdp_options;
   if (!flags.worker_mode.empty()) {
     bench::run_train_worker({flags.worker_mode, flags.replicas, flags.result_path, d.device, d.backend, d.threads, d.bench});
     return 0;
   }
   refuse_flags_without_effect(flags);
   d.compare_pytorch = flags.compare == "pytorch";
+  if (sharded && flags.pytorch_script->count() == 0) d.pytorch_script = "bench/pytorch_fsdp_bench.py";
   d.world_sizes = bench::parse_world_sizes(flags.world_sizes);
   d.program = std::filesystem::read_symlink("/proc/self/exe").string();
   d.worker_arguments = worker_arguments;
@@ -123,7 +138,7 @@ int run_bench_train(BenchTrainFlags& flags, const CLI::App& command) {
 const BenchCommandRegistration kBenchTrain{
     "train",
     "Training steps per second for world sizes 1 and 2 with DDP and DataParallel, scaling efficiency, overlap; "
-    "vs PyTorch DDP",
+    "vs PyTorch DDP; --strategy fsdp: FSDP beside DDP, vs PyTorch FSDP2",
     [](CLI::App& command) -> std::function<int()> {
       // Intra-op threads beyond the cores only take turns on them.
       const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -201,11 +216,24 @@ const BenchCommandRegistration kBenchTrain{
                         "ratios are paired within a round (steadier on a noisy machine)")
           ->capture_default_str()
           ->check(at_least<int>(1));
-      train->add_option("--compare", train_flags->compare, "Also run PyTorch's Python DDP: pytorch")
+      train->add_option("--strategy", train_flags->strategy,
+                        "ddp: DDP (and DataParallel) against independent processes; fsdp: at each world size above "
+                        "1, FSDP (tandem::fsdp, each direct child a unit) and DDP side by side in every round")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"ddp", "fsdp"}));
+      train_flags->reshard =
+          train
+              ->add_option("--reshard-after-forward", train_flags->reshard_after_forward,
+                           "--strategy fsdp: free each unit's gathered parameters after its forward (true, ZeRO-3) "
+                           "or keep them until its backward (false); PyTorch's side alike")
+              ->default_str("true");
+      train->add_option("--compare", train_flags->compare,
+                        "Also run PyTorch's Python DDP (with --strategy fsdp: FSDP2's fully_shard): pytorch")
           ->check(CLI::IsMember({"pytorch"}));
       train_flags->pytorch_script =
           train->add_option("--pytorch-script", train_flags->driver.pytorch_script,
-                            "--compare pytorch: the PyTorch side script")
+                            "--compare pytorch: the PyTorch side script (with --strategy fsdp: "
+                            "bench/pytorch_fsdp_bench.py)")
               ->capture_default_str();
       train->add_option("--json", train_flags->driver.json_path, "Also write the results as JSON to this file");
       train->add_flag("--end-to-end", train_flags->end_to_end,
@@ -220,9 +248,9 @@ const BenchCommandRegistration kBenchTrain{
               ->capture_default_str()
               ->check(at_least<int64_t>(1));
       train->add_option("--worker", train_flags->worker_mode,
-                        "(internal) run as a worker: ddp, independent or data-parallel")
+                        "(internal) run as a worker: ddp, fsdp, independent or data-parallel")
           ->group("")
-          ->check(CLI::IsMember({"ddp", "independent", "data-parallel"}));
+          ->check(CLI::IsMember({"ddp", "fsdp", "independent", "data-parallel"}));
       train->add_option("--replicas", train_flags->replicas, "(internal) replicas of a data-parallel worker")
           ->group("")
           ->check(at_least<int>(1));

@@ -39,17 +39,36 @@ nlohmann::json read_result(const std::string& path, const std::string& what) {
   }
 }
 
-std::string find_python(const std::string& flag) {
-  std::vector<std::string> candidates{"/usr/bin/python3", "python3"};
+namespace {
+
+// The first of $PYTHON and `candidates` that runs `statement`, quoted; "" where none does.
+std::string first_python_running(std::vector<std::string> candidates, const std::string& statement) {
   if (const char* chosen = std::getenv("PYTHON")) candidates.insert(candidates.begin(), chosen);
   for (const std::string& candidate : candidates) {
-    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", shell_quoted(candidate)).c_str()) == 0) {
-      return shell_quoted(candidate);
-    }
+    const std::string probe = fmt::format("{} -c {} >/dev/null 2>&1", shell_quoted(candidate), shell_quoted(statement));
+    if (std::system(probe.c_str()) == 0) return shell_quoted(candidate);
   }
+  return {};
+}
+
+}  // namespace
+
+std::string find_python(const std::string& flag) {
+  std::string python = first_python_running({"/usr/bin/python3", "python3"}, "import torch");
+  if (!python.empty()) return python;
   throw UnsupportedError(fmt::format(
       "{} needs PyTorch for Python, which is not installed; on Debian: apt-get install -y python3-torch (the bench "
       "installs nothing itself)",
+      flag));
+}
+
+std::string find_python_with_fully_shard(const std::string& flag) {
+  std::string python = first_python_running({"/usr/bin/python3", "python3", ".venv/bin/python"},
+                                            "from torch.distributed.fsdp import fully_shard");
+  if (!python.empty()) return python;
+  throw UnsupportedError(fmt::format(
+      "{} needs PyTorch 2.6 or later for Python (FSDP2's fully_shard), which no python3 here has; make .venv with "
+      "scripts/build --libtorch pypi or set PYTHON to a Python that has it",
       flag));
 }
 

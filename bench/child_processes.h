@@ -23,6 +23,11 @@ nlohmann::json read_result(const std::string& path, const std::string& what);
 // `flag` names what needs it in that message.
 std::string find_python(const std::string& flag);
 
+// The same for PyTorch's FSDP2 (`fully_shard`, PyTorch 2.6 and later), where Debian's python3-torch (1.13) has
+// none: $PYTHON, /usr/bin/python3, python3, then the checkout's .venv/bin/python (scripts/build --libtorch pypi
+// makes it). UnsupportedError naming `flag` where none has it.
+std::string find_python_with_fully_shard(const std::string& flag);
+
 // The folder that holds the workers' result files ($TMPDIR/tandem_bench_PID), removed however the driver ends
 // (a worker failed, the table could not be written), so that no run leaves one behind.
 class ResultFolder {

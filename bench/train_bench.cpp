@@ -11,6 +11,7 @@
 #include "tandem/ddp/distributed_data_parallel.h"
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/dp/data_parallel.h"
+#include "tandem/fsdp/fully_sharded_data_parallel.h"
 #include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
@@ -82,6 +83,9 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   if (communicator && !replica_devices.empty()) {
     throw InvalidArgument("the training benchmark runs DDP or DataParallel, not both at once");
   }
+  if (options.fsdp && !replica_devices.empty()) {
+    throw InvalidArgument("the training benchmark runs FSDP or DataParallel, not both at once");
+  }
   // What one step takes: the batch of all DataParallel replicas, and the learning rate scaled alike.
   const int64_t replicas = replica_count(options);
   const int64_t batch_size = options.batch_size * replicas;
@@ -90,8 +94,11 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   (*model).to(options.device);
   std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> distributed;
+  std::optional<fsdp::FullyShardedDataParallel<nn::ModelHolder>> sharded;
   ddp::CommHookPtr hook;
-  if (communicator) {
+  if (communicator && options.fsdp) {
+    sharded.emplace(model, communicator, *options.fsdp);
+  } else if (communicator) {
     ddp::DdpOptions ddp_options = options.ddp;
     hook = ddp::make_comm_hook(options.comm_hook, options.powersgd);
     ddp_options.comm_hook = hook;
@@ -101,11 +108,12 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   if (!replica_devices.empty()) data_parallel.emplace(model, dp::DataParallelOptions{replica_devices, {}});
   auto forward = [&](const torch::Tensor& x) {
     if (distributed) return (*distributed)(x);
+    if (sharded) return (*sharded)(x);
     if (data_parallel) return (*data_parallel)(x);
     return model->forward(x);
   };
   torch::optim::SGD optimizer(
-      (*model).parameters(),
+      sharded ? sharded->parameters() : (*model).parameters(),
       torch::optim::SGDOptions(options.lr * static_cast<double>(world * replicas)).momentum(0.9).weight_decay(0.005));
 
   // Each rank its own samples, as a sampler would give it.
@@ -153,6 +161,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   result.ms_median = median_of(result.ms_per_step);
   result.ms_min = *std::min_element(result.ms_per_step.begin(), result.ms_per_step.end());
   result.ms_max = *std::max_element(result.ms_per_step.begin(), result.ms_per_step.end());
+  // Under FSDP the module holds placeholders of the parameters' shapes: the count is the model's still.
   for (const auto& p : (*model).parameters()) result.parameters += p.numel();
 
   if (distributed) {

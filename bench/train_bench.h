@@ -1,9 +1,10 @@
 #pragma once
 // The training-step measurement behind `tandem bench train`: the seeds' CNN, SGD with momentum, a fixed batch
-// per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP job, alone with no
-// communication at all (the baseline that scaling efficiency is measured against), or as DataParallel over
-// N replicas, with the batch of the N ranks of the DDP job it is compared with.
+// per process, timed in repeats after a warm-up. One process runs it as one rank of a DDP or an FSDP job, alone
+// with no communication at all (the baseline that scaling efficiency is measured against), or as DataParallel
+// over N replicas, with the batch of the N ranks of the DDP job it is compared with.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "tandem/comm/communicator.h"
 #include "tandem/ddp/ddp_options.h"
 #include "tandem/ddp/powersgd_hook.h"
+#include "tandem/fsdp/fsdp_options.h"
 
 namespace tandem::bench {
 
@@ -29,6 +31,9 @@ struct TrainBenchOptions {
   // How DDP reduces each bucket: average, fp16, bf16 or powersgd (with `powersgd`); each process makes its own.
   std::string comm_hook = "average";
   ddp::PowerSgdOptions powersgd;
+  // Set: a distributed run wraps the model in fsdp::FullyShardedDataParallel with these options (each direct
+  // child a unit, as PyTorch's fully_shard per child) instead of DDP; the optimizer steps on the shards.
+  std::optional<fsdp::FsdpOptions> fsdp;
   // Non-empty: one process trains with dp::DataParallel, a replica on each of these devices (the first must be
   // `device`), batch_size samples each; with no communicator only.
   std::vector<torch::Device> data_parallel_devices;
@@ -51,8 +56,8 @@ struct TrainBenchResult {
   double bytes_per_step = 0;
 };
 
-// With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel and the call is
-// collective; with null it trains alone, or in DataParallel (options.data_parallel_devices). The data are random images shaped like Fashion-MNIST made before
+// With `communicator` (world size > 1) the model is wrapped in DistributedDataParallel (or, with options.fsdp,
+// FullyShardedDataParallel) and the call is collective; with null it trains alone, or in DataParallel (options.data_parallel_devices). The data are random images shaped like Fashion-MNIST made before
 // timing, so the figure measures training steps, not loading.
 TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::CommunicatorPtr& communicator);
 

@@ -77,6 +77,15 @@ std::string pytorch_ddp_args(const TrainBenchOptions& options) {
   return args;
 }
 
+std::string pytorch_fsdp_args(const fsdp::FsdpOptions& options) {
+  return fmt::format("--reshard-after-forward {}", options.reshard_after_forward ? "true" : "false");
+}
+
+std::string describe_fsdp(const fsdp::FsdpOptions& options) {
+  return fmt::format(", FSDP beside DDP (each direct child a unit, reshard_after_forward {})",
+                     options.reshard_after_forward ? "true" : "false");
+}
+
 std::string describe_hook(const TrainBenchOptions& options) {
   if (options.comm_hook != "powersgd") return options.comm_hook;
   return fmt::format("powersgd (rank {}, from step {})", options.powersgd.matrix_approximation_rank,
@@ -88,6 +97,12 @@ void check_pytorch_can_match(const TrainDriverOptions& options) {
     throw InvalidArgument(fmt::format("--compare pytorch has only cnn and resnet18 on the PyTorch side; drop --compare "
                                       "to time --model {}", options.bench.model));
   }
+  if (!std::filesystem::is_regular_file(options.pytorch_script)) {
+    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
+                                      "--pytorch-script", options.pytorch_script));
+  }
+  // With fsdp PyTorch runs FSDP2 alone, which has no buckets and no comm hooks to match.
+  if (options.bench.fsdp) return;
   if (options.bench.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
     throw InvalidArgument("--first-bucket-cap-mb has no counterpart in PyTorch's DDP; drop it with --compare pytorch");
   }
@@ -101,10 +116,6 @@ void check_pytorch_can_match(const TrainDriverOptions& options) {
     throw InvalidArgument("the PyTorch side takes PowerSGD's rank and start only; keep its other options at their "
                           "defaults with --compare pytorch");
   }
-  if (!std::filesystem::is_regular_file(options.pytorch_script)) {
-    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
-                                      "--pytorch-script", options.pytorch_script));
-  }
 }
 
 // What would make every worker fail, found before the first one starts.
@@ -112,6 +123,10 @@ void check_workers_can_run(const TrainDriverOptions& options) {
   const TrainBenchOptions& bench = options.bench;
   check_model_builds(bench);
   const int most = *std::max_element(options.world_sizes.begin(), options.world_sizes.end());
+  if (bench.fsdp && most < 2) {
+    throw InvalidArgument("--strategy fsdp shards over ranks, and --world-sizes has none above 1; give e.g. "
+                          "--world-sizes 2");
+  }
   // At world size N, N independent processes (or the DataParallel process's N replicas) hold their data at once;
   // the rest of memory is left to the models and their activations.
   const double data_bytes = most * train_data_bytes(bench);
@@ -174,7 +189,9 @@ void run_train_driver(TrainDriverOptions options) {
   // Made before any process starts, so a mistyped hook fails once, here.
   ddp::make_comm_hook(options.bench.comm_hook, options.bench.powersgd);
   if (!options.json_path.empty()) require_writable_file("--json", options.json_path);
-  std::string python = compare ? find_python("--compare pytorch") : "";
+  const bool sharded = options.bench.fsdp.has_value();
+  std::string python;
+  if (compare) python = sharded ? find_python_with_fully_shard("--compare pytorch") : find_python("--compare pytorch");
   // PyTorch's side has no mpi process group here; it uses gloo where tandem uses mpi.
   const std::string pytorch_backend = options.backend == "nccl" ? "nccl" : "gloo";
   const ResultFolder dir;
@@ -187,16 +204,24 @@ void run_train_driver(TrainDriverOptions options) {
   };
   fmt::print(stderr,
              "# tandem bench train: {} at {}x{} on {}, batch {} per process, {} thread(s) each, {} round(s) of {} x {} "
-             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB, plan {}){}, comm hook {}{}\n",
+             "steps after {} warm-up, backend {}, buckets of {} MiB (first {} MiB, plan {}){}, comm hook {}{}{}\n",
              bench.model, bench.image_size, bench.image_size, options.device, bench.batch_size, options.threads,
              options.rounds, bench.repeats, bench.steps, bench.warmup, options.backend, ddp_options.bucket_cap_mb,
              ddp_options.first_bucket_cap_mb, plan_name(ddp_options.bucket_plan),
              ddp_options.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "",
-             describe_hook(bench), compare ? ", vs PyTorch DDP" : "");
+             describe_hook(bench), sharded ? describe_fsdp(*bench.fsdp) : "",
+             compare ? (sharded ? ", vs PyTorch FSDP2" : ", vs PyTorch DDP") : "");
 
+  auto job_command = [&](const std::string& mode, int n, const std::filesystem::path& result) {
+    if (options.backend == "mpi") {
+      return fmt::format("{}mpirun {}-np {} {}", env, ::geteuid() == 0 ? "--allow-run-as-root " : "", n,
+                         worker(mode, 1, result));
+    }
+    return fmt::format("{}{} run --nproc-per-node {} -- {}", env, self, n, worker(mode, 1, result));
+  };
   // One round of tandem at world size n: the independent processes, then the DDP job and the DataParallel
-  // process, which are both compared with the same independent processes.
-  auto tandem_round = [&](int n, TrainRow& row, TrainRow& data_parallel) {
+  // process (with fsdp: the FSDP job), all compared with the same independent processes.
+  auto tandem_round = [&](int n, TrainRow& row, TrainRow& second) {
     // N processes with no communication, started together so they share the cores as the job does.
     std::string together;
     for (int i = 0; i < n; ++i) {
@@ -219,47 +244,74 @@ void run_train_driver(TrainDriverOptions options) {
       return;
     }
     const auto result = dir / fmt::format("ddp_{}.json", n);
-    std::string command = options.backend == "mpi"
-                              ? fmt::format("{}mpirun {}-np {} {}", env, ::geteuid() == 0 ? "--allow-run-as-root " : "",
-                                            n, worker("ddp", 1, result))
-                              : fmt::format("{}{} run --nproc-per-node {} -- {}", env, self, n, worker("ddp", 1, result));
-    run_or_throw(command, fmt::format("the {}-rank DDP job", n));
+    run_or_throw(job_command("ddp", n, result), fmt::format("the {}-rank DDP job", n));
     row.job.push_back(read_result(result.string(), fmt::format("the {}-rank DDP job", n)));
 
+    second.independent.push_back(slowest);
+    if (sharded) {
+      const auto fsdp_result = dir / fmt::format("fsdp_{}.json", n);
+      run_or_throw(job_command("fsdp", n, fsdp_result), fmt::format("the {}-rank FSDP job", n));
+      second.job.push_back(read_result(fsdp_result.string(), fmt::format("the {}-rank FSDP job", n)));
+      return;
+    }
     const auto dp_result = dir / fmt::format("dp_{}.json", n);
     run_or_throw(env + worker("data-parallel", n, dp_result),
                  fmt::format("the DataParallel process with {} replicas", n));
-    data_parallel.job.push_back(
+    second.job.push_back(
         read_result(dp_result.string(), fmt::format("the DataParallel process with {} replicas", n)));
-    data_parallel.independent.push_back(slowest);
   };
+  const std::string pytorch_mode = sharded ? "fsdp" : "ddp";
+  const std::string pytorch_what = sharded ? "the PyTorch FSDP2 script" : "the PyTorch DDP script";
+  const std::string pytorch_args = sharded ? pytorch_fsdp_args(*bench.fsdp) : pytorch_ddp_args(bench);
   auto pytorch_round = [&](int n, TrainRow& row) {
-    for (const char* mode : {"independent", "ddp"}) {
+    for (const std::string& mode : {std::string("independent"), pytorch_mode}) {
       std::string out = (dir / fmt::format("py_{}_{}.json", mode, n)).string();
       run_or_throw(fmt::format("{}{} {} --nproc {} --mode {} --model {} --image-size {} --device {} --backend {} "
                                "--data random --batch-size {} --threads {} --steps {} --repeats {} --warmup {} {} > {}",
                                env, python, shell_quoted(options.pytorch_script), n, mode, bench.model,
                                bench.image_size, options.device, pytorch_backend, bench.batch_size, options.threads,
-                               bench.steps, bench.repeats, bench.warmup, pytorch_ddp_args(bench), shell_quoted(out)),
-                   "the PyTorch DDP script");
-      (std::string(mode) == "ddp" ? row.job : row.independent).push_back(read_result(out, "the PyTorch DDP script"));
+                               bench.steps, bench.repeats, bench.warmup, pytorch_args, shell_quoted(out)),
+                   pytorch_what);
+      (mode == pytorch_mode ? row.job : row.independent).push_back(read_result(out, pytorch_what));
     }
   };
 
-  // Tandem's and PyTorch's DDP rows alternate (the comparison below pairs them); the DataParallel rows follow.
-  std::vector<TrainRow> rows, data_parallel_rows;
+  // Without fsdp, tandem's and PyTorch's DDP rows alternate (the comparison below pairs them) and the
+  // DataParallel rows follow. With fsdp, each N > 1 has its FSDP, DDP and PyTorch FSDP2 rows side by side.
+  std::vector<TrainRow> rows, data_parallel_rows, table;
+  std::vector<std::string> comparisons;
   for (int n : options.world_sizes) {
-    TrainRow row{"tandem", n > 1 ? "DDP" : "-", n, {}, {}}, py{"pytorch", "DDP", n, {}, {}};
-    TrainRow dp{"tandem", "DP", n, {}, {}};
+    TrainRow row{"tandem", n > 1 ? "DDP" : "-", n, {}, {}}, py{"pytorch", sharded ? "FSDP2" : "DDP", n, {}, {}};
+    TrainRow second{"tandem", sharded ? "FSDP" : "DP", n, {}, {}};
     for (int round = 0; round < options.rounds; ++round) {
-      tandem_round(n, row, dp);
+      tandem_round(n, row, second);
       if (compare) pytorch_round(n, py);
+    }
+    if (sharded) {
+      if (n > 1) {
+        comparisons.push_back(fmt::format("N={}: tandem FSDP samples/s = {:.3f} x tandem DDP's", n,
+                                          paired_ratio(row.job, second.job, "ms_per_step_median")));
+        table.push_back(second);
+      }
+      table.push_back(row);
+      if (compare) {
+        comparisons.push_back(fmt::format("N={}: tandem {} samples/s = {:.3f} x PyTorch {}'s", n,
+                                          n > 1 ? "FSDP" : "(alone)",
+                                          paired_ratio(py.job, n > 1 ? second.job : row.job, "ms_per_step_median"),
+                                          n > 1 ? "FSDP2" : "(alone)"));
+        table.push_back(std::move(py));
+      }
+      continue;
+    }
+    if (compare) {
+      comparisons.push_back(fmt::format("N={}: tandem samples/s = {:.3f} x PyTorch DDP's", n,
+                                        paired_ratio(py.job, row.job, "ms_per_step_median")));
     }
     rows.push_back(std::move(row));
     if (compare) rows.push_back(std::move(py));
-    if (n > 1) data_parallel_rows.push_back(std::move(dp));
+    if (n > 1) data_parallel_rows.push_back(std::move(second));
   }
-  std::vector<TrainRow> table = rows;
+  table.insert(table.end(), rows.begin(), rows.end());
   table.insert(table.end(), data_parallel_rows.begin(), data_parallel_rows.end());
 
   // hidden: the share of the gradient all-reduce that ran during backward, from a timeline of the steps (tandem's
@@ -281,7 +333,8 @@ void run_train_driver(TrainDriverOptions options) {
       slowest = std::max(slowest, round["ms_per_step_max"].get<double>());
     }
     std::string estimated_hidden = "-";
-    if (row.world_size > 1 && allreduce_ms > 0) {
+    // FSDP gathers and reduce-scatters rather than all-reduces: the estimate does not apply.
+    if (row.world_size > 1 && allreduce_ms > 0 && row.wrapper == "DDP") {
       estimated_hidden =
           fmt::format("{:.0f}%", 100.0 * std::clamp(1.0 - (ms - independent_ms) / allreduce_ms, 0.0, 1.0));
     }
@@ -305,12 +358,7 @@ void run_train_driver(TrainDriverOptions options) {
     if (tandem_ddp) entry["bytes_per_step"] = median_over_rounds(row.job, "bytes_per_step");
     out.push_back(entry);
   }
-  if (compare) {
-    for (size_t i = 0; i + 1 < rows.size(); i += 2) {
-      fmt::print("N={}: tandem samples/s = {:.3f} x PyTorch DDP's\n", rows[i].world_size,
-                 paired_ratio(rows[i + 1].job, rows[i].job, "ms_per_step_median"));
-    }
-  }
+  for (const std::string& line : comparisons) fmt::print("{}\n", line);
   if (!options.json_path.empty()) {
     nlohmann::json json{{"benchmark", "train"},  {"model", bench.model},
                         {"image_size", bench.image_size}, {"batch_size", bench.batch_size},
@@ -319,7 +367,9 @@ void run_train_driver(TrainDriverOptions options) {
                         {"first_bucket_cap_mb", ddp_options.first_bucket_cap_mb},
                         {"bucket_plan", plan_name(ddp_options.bucket_plan)},
                         {"gradient_as_bucket_view", ddp_options.gradient_as_bucket_view},
-                        {"comm_hook", bench.comm_hook},   {"rows", out}};
+                        {"comm_hook", bench.comm_hook},   {"strategy", sharded ? "fsdp" : "ddp"},
+                        {"rows", out}};
+    if (sharded) json["reshard_after_forward"] = bench.fsdp->reshard_after_forward;
     if (bench.comm_hook == "powersgd") {
       json["powersgd"] = {{"matrix_approximation_rank", bench.powersgd.matrix_approximation_rank},
                           {"start_powersgd_iter", bench.powersgd.start_powersgd_iter}};
@@ -335,7 +385,7 @@ void run_train_worker(TrainWorkerOptions options) {
   int threads = options.threads;
   TrainBenchOptions& bench = options.bench;
   comm::CommunicatorPtr communicator;
-  if (options.mode == "ddp") {
+  if (options.mode == "ddp" || options.mode == "fsdp") {
     InitOptions init;
     init.device = options.device;
     init.backend = options.backend;

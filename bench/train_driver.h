@@ -3,6 +3,8 @@
 // processes (no communication: the baseline), an N-rank DDP job (through `tandem run`, or mpirun for mpi) and,
 // for N > 1, one DataParallel process with N replicas, each a worker of this same program writing its
 // TrainBenchResult as JSON; with --compare pytorch it runs bench/pytorch_ddp_bench.py alike, in the same round.
+// With bench.fsdp set (--strategy fsdp) each round at N > 1 runs an N-rank FSDP job beside the DDP job, in
+// DataParallel's place, and --compare pytorch runs bench/pytorch_fsdp_bench.py (PyTorch's FSDP2).
 // Then it prints one table row per framework, wrapper and N (medians over rounds, ratios paired within a
 // round, so a machine that drifts between rounds moves both sides alike) and writes the same as JSON.
 #include <functional>
@@ -21,10 +23,10 @@ struct TrainDriverOptions {
   int threads = 1;  // intra-op threads per process
   int rounds = 1;
   bool compare_pytorch = false;
-  std::string pytorch_script = "bench/pytorch_ddp_bench.py";
+  std::string pytorch_script = "bench/pytorch_ddp_bench.py";  // with bench.fsdp: bench/pytorch_fsdp_bench.py
   std::string json_path;  // empty: no JSON
   std::string program;    // this program, whose `run` subcommand starts the DDP workers
-  // The arguments, after `program`, of one worker, given its settings: mode ("ddp", "independent" or
+  // The arguments, after `program`, of one worker, given its settings: mode ("ddp", "fsdp", "independent" or
   // "data-parallel"), replicas (data-parallel) and the file it writes its result to, already quoted for the
   // shell. The program's flags are its own to spell.
   std::function<std::string(const TrainDriverOptions& settings, const std::string& mode, int replicas,
@@ -37,12 +39,12 @@ std::vector<int> parse_world_sizes(const std::string& text);
 
 // Every setting is checked before the first worker starts: throws InvalidArgument for settings that could not
 // run (a model that does not build at the image size, data larger than this host's memory, no mpirun for mpi, a
-// --json file that cannot be written) or that the PyTorch side cannot match; CommError when a worker fails. The
+// --json file that cannot be written, fsdp without a world size above 1) or that the PyTorch side cannot match; CommError when a worker fails. The
 // workers' result files live in a temporary folder that is removed however the driver ends.
 void run_train_driver(TrainDriverOptions options);
 
 struct TrainWorkerOptions {
-  std::string mode;  // ddp, independent or data-parallel
+  std::string mode;  // ddp, fsdp (with bench.fsdp), independent or data-parallel
   int replicas = 1;  // data-parallel only
   std::string result_path;
   std::string device;
@@ -51,7 +53,7 @@ struct TrainWorkerOptions {
   TrainBenchOptions bench;
 };
 
-// One worker: a rank of the DDP job (joins the process group from the environment), one independent process
+// One worker: a rank of the DDP or FSDP job (joins the process group from the environment), one independent process
 // (LOCAL_RANK picks its GPU) or the DataParallel process. Rank 0 writes the result.
 void run_train_worker(TrainWorkerOptions options);
 

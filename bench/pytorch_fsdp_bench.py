@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""PyTorch's FSDP2 (`fully_shard`) on the configuration `tandem bench train --strategy fsdp --compare pytorch`
+times, for a side-by-side figure with tandem::fsdp.
+
+The model, data, optimizer and timing are pytorch_ddp_bench.py's (the seeds' CNN or ResNet-18, random images
+made before timing, SGD with momentum 0.9 and weight decay 0.005, the slowest rank's time per repeat). The
+sharding is tandem's default: `fully_shard` on each direct child that has parameters, then on the root, over a
+one-dimensional mesh of all ranks, float32 throughout, on Gloo (or NCCL) on 127.0.0.1.
+
+Prints one JSON object on stdout (rank 0), shaped as pytorch_ddp_bench.py's.
+
+Needs PyTorch 2.6 or later (torch.distributed.fsdp.fully_shard): the virtual environment that
+`scripts/build --libtorch pypi` makes (.venv/bin/python); Debian's python3-torch (1.13) has no FSDP2.
+
+  .venv/bin/python bench/pytorch_fsdp_bench.py --nproc 2 --model resnet18 --image-size 32
+  .venv/bin/python bench/pytorch_fsdp_bench.py --nproc 2 --mode independent   # no communication: the baseline
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+except ImportError:
+    sys.exit("pytorch_fsdp_bench.py: error: this Python has no torch.distributed.fsdp.fully_shard (PyTorch 2.6 or "
+             "later); run it with .venv/bin/python (scripts/build --libtorch pypi makes it)")
+
+from pytorch_ddp_bench import MODELS, load_data, synchronize
+from pytorch_ranks import leave_process_group, positive_real, run_ranks, whole_number_from
+
+
+def true_or_false(text):
+    """An argparse type: true or false, as tandem's flag takes them."""
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be true or false, not {text}")
+    return text == "true"
+
+
+def shard(model, device, world, reshard_after_forward):
+    """tandem's default units: each direct child with parameters, then the root for what is left."""
+    mesh = init_device_mesh(device.type, (world,))
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def worker(rank, args, port, results):
+    torch.set_num_threads(args.threads)
+    world = args.nproc
+    distributed = args.mode == "fsdp" and world > 1
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(args.seed)
+    model = MODELS[args.model]().to(device)
+    if distributed:
+        shard(model, device, world, args.reshard_after_forward)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
+    loss_function = torch.nn.CrossEntropyLoss()
+    channels = 1 if args.model == "cnn" else 3
+    x, y, source = load_data(args.data, args.batch_size * world * 16, channels, args.image_size)
+    x, y = x.to(device), y.to(device)
+    batches = x.shape[0] // (args.batch_size * world)
+
+    def step(i):
+        start = (i % batches) * args.batch_size * world
+        index = torch.arange(start + rank, start + args.batch_size * world, world, device=device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_function(model(x[index]), y[index])
+        loss.backward()
+        optimizer.step()
+
+    for i in range(args.warmup):
+        step(i)
+    repeats = []
+    for r in range(args.repeats):
+        synchronize(device)
+        if distributed:
+            dist.barrier()
+        begin = time.perf_counter()
+        for i in range(args.steps):
+            step(args.warmup + r * args.steps + i)
+        synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=device)
+        if distributed:
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        repeats.append(elapsed.item() * 1000.0 / args.steps)
+    if rank == 0:
+        results.put({"repeats": repeats, "data": source})
+    if distributed:
+        leave_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=whole_number_from(1), default=2, help="processes (world size)")
+    parser.add_argument("--mode", choices=["fsdp", "independent"], default="fsdp",
+                        help="fsdp: fully_shard over all ranks; independent: the same steps with no communication")
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet18", help="the seeds' CNN or ResNet-18")
+    parser.add_argument("--image-size", type=whole_number_from(1), default=32, help="square input size (the CNN takes 28)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r on GPU r (modulo the GPUs)")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="the process group's backend")
+    parser.add_argument("--batch-size", type=whole_number_from(1), default=64, help="samples per process per step")
+    parser.add_argument("--threads", type=whole_number_from(1), default=1, help="intra-op threads per process")
+    parser.add_argument("--steps", type=whole_number_from(1), default=20, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=whole_number_from(1), default=5, help="timed repeats (median and spread over them)")
+    parser.add_argument("--warmup", type=whole_number_from(0), default=10, help="untimed steps first")
+    parser.add_argument("--reshard-after-forward", type=true_or_false, default=True,
+                        help="true: free each unit's parameters after its forward; false: keep them until backward")
+    parser.add_argument("--lr", type=positive_real, default=0.01, help="base learning rate (times the world size)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline", type=positive_real, default=600,
+                        help="seconds before a run that has not finished is stopped and reported as hung")
+    parser.add_argument("--data", default="random", help="MNIST-format folder, or 'random' for random images")
+    args = parser.parse_args()
+
+    result = run_ranks("pytorch_fsdp_bench.py", worker, args.nproc, args, args.deadline).get()
+    repeats = result["repeats"]
+    median = statistics.median(repeats)
+    print(json.dumps({
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "mode": args.mode,
+        "model": args.model,
+        "device": args.device,
+        "backend": args.backend,
+        "world_size": args.nproc,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "reshard_after_forward": args.reshard_after_forward,
+        "data": result["data"],
+        "samples_per_s": args.batch_size * args.nproc * 1000.0 / median,
+        "ms_per_step_median": median,
+        "ms_per_step_min": min(repeats),
+        "ms_per_step_max": max(repeats),
+        "repeats": repeats,
+    }))
+
+
+if __name__ == "__main__":
+    main()
