@@ -1,0 +1,134 @@
+// `tandem bench memory`: bytes per rank of parameters, gradients and AdamW state, and peak resident memory, under
+// FSDP or DDP at each world size; it starts its own jobs through `tandem run` (bench/memory_driver.h).
+//   tandem bench memory --strategy fsdp --world-sizes 4 --mlp-params 600M     the model DDP cannot fit
+//   tandem bench memory --strategy fsdp --model resnet18 --world-sizes 1,2,4  bytes per rank against N
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "apps/bench_command.h"
+#include "apps/bench_flag_checks.h"
+#include "apps/flag_checks.h"
+#include "apps/model_flag.h"
+#include "bench/memory_driver.h"
+#include "tandem/util/error.h"
+
+namespace tandem::app {
+namespace {
+
+struct BenchMemoryFlags {
+  bench::MemoryDriverOptions driver;
+  std::string world_sizes = "1,2,4";
+  std::string mlp_parameters = "100M";
+  bool worker = false;  // internal: one rank of a job the driver started
+  std::string result_prefix;
+  const CLI::Option* reshard = nullptr;
+  std::vector<const CLI::Option*> mlp_only;
+  const CLI::Option* image_size = nullptr;
+};
+
+std::string memory_worker_arguments(const bench::MemoryDriverOptions& d, const std::string& result_prefix) {
+  const bench::MemoryBenchOptions& o = d.bench;
+  return fmt::format(
+      "bench memory --strategy {} --model {} --mlp-params {} --mlp-width {} --image-size {} --batch-size {} --steps {} "
+      "--reshard-after-forward {} --threads {} --worker --result {}",
+      o.strategy, o.model, o.mlp_parameters, o.mlp_width, o.image_size, o.batch_size, o.steps,
+      o.reshard_after_forward ? "true" : "false", d.threads, result_prefix);
+}
+
+int run_bench_memory(BenchMemoryFlags& flags) {
+  bench::MemoryDriverOptions& d = flags.driver;
+  d.bench.mlp_parameters = bench::parse_parameter_count(flags.mlp_parameters);
+  if (flags.worker) {
+    bench::run_memory_worker(d.bench, flags.result_prefix, d.threads);
+    return 0;
+  }
+  if (flags.reshard->count() > 0 && d.bench.strategy != "fsdp") {
+    throw InvalidArgument(
+        "--reshard-after-forward is only read with --strategy fsdp; add that or drop --reshard-after-forward");
+  }
+  for (const CLI::Option* option : flags.mlp_only) {
+    if (option->count() > 0 && d.bench.model != "mlp") {
+      throw InvalidArgument(fmt::format("{} is only read with --model mlp; drop {} to measure --model {}",
+                                        option->get_name(), option->get_name(), d.bench.model));
+    }
+  }
+  if (flags.image_size->count() > 0 && d.bench.model == "mlp") {
+    throw InvalidArgument("--image-size is not read with --model mlp, which takes vectors; drop --image-size");
+  }
+  d.world_sizes = bench::parse_world_sizes(flags.world_sizes);
+  d.program = std::filesystem::read_symlink("/proc/self/exe").string();
+  d.worker_arguments = memory_worker_arguments;
+  bench::run_memory_driver(d);
+  return 0;
+}
+
+const BenchCommandRegistration kBenchMemory{
+    "memory",
+    "Bytes per rank of parameters, gradients and AdamW state, and peak resident memory, under FSDP or DDP at each "
+    "world size; refuses a run that would not fit this host",
+    [](CLI::App& command) -> std::function<int()> {
+      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      auto flags = std::make_shared<BenchMemoryFlags>();
+      bench::MemoryBenchOptions& o = flags->driver.bench;
+      CLI::App* memory = &command;
+      memory->add_option("--strategy", o.strategy,
+                         "fsdp: tandem::fsdp (each direct child a unit); ddp: DistributedDataParallel (every rank "
+                         "holds everything)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"fsdp", "ddp"}));
+      memory->add_option("--world-sizes", flags->world_sizes, "World sizes to measure, one job each: e.g. 1,2,4")
+          ->capture_default_str()
+          ->check(bench_world_sizes());
+      std::vector<std::string> models{"mlp"};
+      for (const std::string& name : registered_model_names()) {
+        if (name != "cnn") models.push_back(name);  // the registry's RGB models; the CNN reads 28x28 grayscale
+      }
+      memory->add_option("--model", o.model,
+                         fmt::format("mlp (a wide MLP of --mlp-params parameters, the large-model case) or a model "
+                                     "on RGB images: {}",
+                                     fmt::join(models, ", ")))
+          ->capture_default_str()
+          ->check(CLI::IsMember(models));
+      flags->mlp_only.push_back(
+          memory
+              ->add_option("--mlp-params", flags->mlp_parameters,
+                           "--model mlp: about this many parameters (K, M, G: 10^3, 10^6, 10^9), in layers of "
+                           "--mlp-width x --mlp-width")
+              ->capture_default_str()
+              ->check(refused_by_parser([](const std::string& text) { bench::parse_parameter_count(text); })));
+      flags->mlp_only.push_back(memory->add_option("--mlp-width", o.mlp_width, "--model mlp: width of each layer")
+                                    ->capture_default_str()
+                                    ->check(between<int64_t>(16, 65536)));
+      flags->image_size = memory->add_option("--image-size", o.image_size, "Square RGB input size in pixels")
+                              ->capture_default_str()
+                              ->check(between<int64_t>(1, kLargestImageSize));
+      memory->add_option("--batch-size", o.batch_size, "Samples per rank per step")
+          ->capture_default_str()
+          ->check(between<int>(1, 4096));
+      memory->add_option("--steps", o.steps, "Training steps (AdamW) after the model is built")
+          ->capture_default_str()
+          ->check(between<int>(1, 1000));
+      flags->reshard =
+          memory
+              ->add_option("--reshard-after-forward", o.reshard_after_forward,
+                           "--strategy fsdp: free each unit's gathered parameters after its forward (true, ZeRO-3) "
+                           "or keep them until its backward (false)")
+              ->default_str("true");
+      memory->add_option("--threads", flags->driver.threads, "Intra-op threads per rank, at most the cores")
+          ->capture_default_str()
+          ->check(between<int>(1, cores));
+      memory->add_option("--json", flags->driver.json_path, "Also write every rank's figures as JSON to this file");
+      memory->add_flag("--worker", flags->worker, "(internal) run as one rank of a job the driver started")
+          ->group("");
+      memory->add_option("--result", flags->result_prefix, "(internal) the rank's result file prefix")->group("");
+      return [flags]() -> int { return run_bench_memory(*flags); };
+    }};
+
+}  // namespace
+}  // namespace tandem::app

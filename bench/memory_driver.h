@@ -1,0 +1,44 @@
+#pragma once
+// `tandem bench memory` as a whole. For each world size N the driver starts one N-rank job of this program
+// through `tandem run`; every rank runs the measurement of bench/memory_bench.h and writes its result, and the
+// driver prints, per N, the largest rank's bytes of parameters, gradients and AdamW state, FSDP's peak of gathered
+// parameters, peak resident memory, and what DDP would need at that N (16 bytes per parameter per rank:
+// parameters, gradients and AdamW's two moments, all float32). Before anything starts it refuses a run whose
+// estimate does not fit in this host's available memory, so that a DDP run too large for the machine is one
+// line, not a swapping machine or a killed job.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/memory_bench.h"
+
+namespace tandem::bench {
+
+struct MemoryDriverOptions {
+  MemoryBenchOptions bench;
+  std::vector<int> world_sizes{1, 2, 4};
+  int threads = 1;        // intra-op threads per rank
+  std::string json_path;  // empty: no JSON
+  std::string program;    // this program, whose `run` subcommand starts the ranks
+  // The arguments, after `program`, of one rank, given the settings and its result files' prefix (quoted for the
+  // shell): the program's flags are its own to spell.
+  std::function<std::string(const MemoryDriverOptions& settings, const std::string& result_prefix)> worker_arguments;
+};
+
+// The bytes one rank is expected to hold at its peak: DDP 16 per parameter; FSDP the whole float32 model while
+// it is built (every rank builds it before sharding), or its 16-byte share plus two gathered units, whichever is
+// more. A lower bound that leaves out activations and the allocator's slack.
+int64_t estimated_bytes_per_rank(const MemoryBenchOptions& options, int64_t parameters, int world_size);
+
+// Throws InvalidArgument where a world size's estimate exceeds the memory the host has available (naming both
+// and what to change), and CommError when a job fails.
+void run_memory_driver(MemoryDriverOptions options);
+
+// One rank: joins the process group from the environment (a world of one without `tandem run`) and writes its
+// result to `result_prefix` + "_<rank>.json".
+void run_memory_worker(const MemoryBenchOptions& options, const std::string& result_prefix, int threads);
+
+// The host's MemAvailable from /proc/meminfo, in bytes (physical memory where it has none).
+int64_t available_memory_bytes();
+
+}  // namespace tandem::bench
