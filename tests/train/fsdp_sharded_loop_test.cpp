@@ -1,0 +1,135 @@
+// train::Loop's sharded checkpoints (LoopOptions::checkpoint_format kSharded) for every optimizer fsdp cuts: a run
+// stopped inside an epoch continues from its pieces bit for bit on the same world size; on one rank, and under
+// DDP (which gathers the pieces whole), it continues exactly as it does from the full-state checkpoint of the same
+// step, so every state field and scalar (Adam's step, RMSprop's averages) came back.
+#include <gtest/gtest.h>
+#include <torch/optim.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/thread_ranks.h"
+#include "support/tiny_datasets.h"
+#include "tandem/train/loop.h"
+
+namespace tandem::train::fsdp_sharded_loop {
+namespace {
+
+namespace fs = std::filesystem;
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(torch::nn::Sequential&)>;
+
+struct OptimizerCase {
+  const char* name;
+  OptimizerFactory make;
+};
+
+struct Layout {
+  int world = 2;
+  Strategy strategy = Strategy::kFsdp;
+  CheckpointFormat format = CheckpointFormat::kSharded;
+};
+
+// Three epochs of 96 samples, batch 8 per rank; `stop_after` > 0 stops there. Returns rank 0's final weights.
+std::vector<torch::Tensor> fit(const OptimizerCase& kind, Layout layout, const std::string& run_dir, uint64_t seed,
+                               int64_t stop_after) {
+  std::vector<torch::nn::Sequential> nets;
+  for (int rank = 0; rank < layout.world; ++rank) {
+    torch::manual_seed(seed + rank);
+    nets.push_back(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2)));
+  }
+  auto train_set = testing::separable_set(96, 7), test_set = testing::separable_set(20, 8);
+  testing::run_thread_ranks(layout.world, [&](int rank, comm::Communicator& communicator) {
+    auto optimizer = kind.make(nets[rank]);
+    LoopOptions options;
+    options.epochs = 3;
+    options.batch_size = 8;
+    options.run_dir = run_dir;
+    options.progress = false;
+    options.max_steps = stop_after;
+    options.strategy = layout.strategy;
+    options.checkpoint_format = layout.format;
+    Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    loop.fit(nets[rank], *optimizer, train_set, test_set);
+  });
+  std::vector<torch::Tensor> weights;
+  for (const auto& p : nets[0]->parameters()) weights.push_back(p.detach().clone());
+  return weights;
+}
+
+// A run dir holding a copy of every file of `from`'s checkpoint `stem`.
+std::string copy_of(const std::string& from, const std::string& stem, const std::string& name) {
+  const std::string to = testing::make_temp_dir(name);
+  for (const auto& entry : fs::directory_iterator(from)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind(stem + ".", 0) == 0) fs::copy_file(entry.path(), to + "/" + file);
+  }
+  return to;
+}
+
+void expect_equal(const std::vector<torch::Tensor>& expected, const std::vector<torch::Tensor>& actual,
+                  const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::equal(expected[i], actual[i]))
+        << what << ": tensor " << i << " differs by " << (expected[i] - actual[i]).abs().max().item<double>();
+  }
+}
+
+class FsdpShardedLoop : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(FsdpShardedLoop, ContinuesItsPiecesAsTheFullStateOnAnyLayout) {
+  const OptimizerCase& kind = GetParam();
+  const std::string name = kind.name;
+  const Layout sharded, full{2, Strategy::kFsdp, CheckpointFormat::kFull};
+  const auto whole = fit(kind, full, testing::make_temp_dir("fsdp_sharded_whole_" + name), 1, 0);
+
+  // Step 8 is batch 2 of epoch 1. The continued runs start from other weights: all they end with comes from the
+  // checkpoint.
+  const std::string stopped = testing::make_temp_dir("fsdp_sharded_stopped_" + name);
+  const std::string stopped_full = testing::make_temp_dir("fsdp_sharded_stopped_full_" + name);
+  fit(kind, sharded, stopped, 1, 8);
+  fit(kind, full, stopped_full, 1, 8);
+  const std::string stem = "checkpoint-0001-00000002";
+  ASSERT_TRUE(fs::exists(stopped + "/" + stem + ".index.json"));
+  const std::string one_sharded = copy_of(stopped, stem, "fsdp_sharded_one_" + name);
+  const std::string one_full = copy_of(stopped_full, stem, "fsdp_sharded_one_full_" + name);
+  const std::string ddp_sharded = copy_of(stopped, stem, "fsdp_sharded_ddp_" + name);
+  const std::string ddp_full = copy_of(stopped_full, stem, "fsdp_sharded_ddp_full_" + name);
+
+  expect_equal(whole, fit(kind, sharded, stopped, 50, 0), "2 ranks continuing their pieces");
+  const Layout one{1, Strategy::kFsdp, CheckpointFormat::kSharded};
+  expect_equal(fit(kind, one, one_full, 50, 0), fit(kind, one, one_sharded, 60, 0), "1 rank");
+  const Layout ddp{2, Strategy::kDdp, CheckpointFormat::kFull};
+  expect_equal(fit(kind, ddp, ddp_full, 50, 0), fit(kind, ddp, ddp_sharded, 60, 0), "ddp");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, FsdpShardedLoop,
+    ::testing::Values(
+        OptimizerCase{"SGD",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::SGD>(
+                            net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.005));
+                      }},
+        OptimizerCase{"Adam",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::Adam>(net->parameters(),
+                                                                    torch::optim::AdamOptions(1e-2).amsgrad(true));
+                      }},
+        OptimizerCase{"AdamW",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::AdamW>(
+                            net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+                      }},
+        OptimizerCase{"RMSprop",
+                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
+                        return std::make_unique<torch::optim::RMSprop>(
+                            net->parameters(), torch::optim::RMSpropOptions(1e-2).momentum(0.5).centered(true));
+                      }}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tandem::train::fsdp_sharded_loop
