@@ -2,26 +2,18 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "support/processes.h"
+#include "support/venv_python.h"
 
 namespace tandem::testing {
 
 TensorBoardScalars read_tensorboard_scalars(const std::string& log_dir) {
-  // TANDEM_FIXTURE_DIR is <checkout>/tests/fixtures.
-  const std::filesystem::path checkout = std::filesystem::path(TANDEM_FIXTURE_DIR).parent_path().parent_path();
-  const std::filesystem::path python = checkout / ".venv/bin/python";
-  if (!std::filesystem::exists(python)) {
-    throw std::runtime_error("no " + python.string() + ": run scripts/install-python-tools");
-  }
   const ProcessResult result =
-      run_process({python.string(), (checkout / "tests/monitor/read_tensorboard.py").string(), log_dir}, {},
-                  std::chrono::seconds(60));
+      run_venv_python("tests/monitor/read_tensorboard.py", {log_dir}, std::chrono::seconds(60));
   if (result.timed_out || result.exit_code != 0) {
     throw std::runtime_error("read_tensorboard.py " + log_dir + " failed:\n" + result.output);
   }
