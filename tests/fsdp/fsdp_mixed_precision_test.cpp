@@ -227,6 +227,43 @@ TEST(FsdpMixedPrecision, BatchNormsKeepFloat32UnitsAndTrain) {
   });
 }
 
+// A checkpoint's full state points the parameters at float32 values for a moment and then back at their bfloat16
+// placeholders; LibTorch's set_data drops a parameter's gradient accumulator when its dtype changes. The next
+// backward must still reduce into the shards.
+TEST(FsdpMixedPrecision, GradientsStillReachTheShardsAfterParametersChangedDtype) {
+  run_thread_ranks(2, [](int rank, comm::Communicator& communicator) {
+    fsdp::FsdpOptions options;
+    options.mixed_precision.param_dtype = torch::kBFloat16;
+    options.mixed_precision.reduce_dtype = torch::kFloat32;
+    fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(5), borrow(communicator), options);
+    Batch batch = rank_batch(FsdpScenario{}, 0, 0, rank);
+    auto gradients = [&] {
+      for (const torch::Tensor& shard : model.parameters()) shard.mutable_grad() = torch::Tensor();
+      torch::nn::functional::cross_entropy(model(batch.x), batch.y).backward();
+      std::vector<torch::Tensor> result;
+      for (const torch::Tensor& shard : model.parameters()) result.push_back(shard.grad());
+      return result;
+    };
+    const std::vector<torch::Tensor> before = gradients();
+    {
+      fsdp::parameter_use_watch::Pause pause;
+      torch::NoGradGuard no_grad;
+      for (const auto& unit : model.sharded().units()) {
+        for (const auto& parameter : unit->parameters()) {
+          const torch::Tensor placeholder = parameter.tensor.detach();
+          parameter.tensor.set_data(torch::zeros(parameter.shape));
+          parameter.tensor.set_data(placeholder);
+        }
+      }
+    }
+    const std::vector<torch::Tensor> after = gradients();
+    for (size_t unit = 0; unit < before.size(); ++unit) {
+      ASSERT_TRUE(after[unit].defined()) << "unit " << unit << " got no gradient";
+      EXPECT_TRUE(torch::equal(after[unit], before[unit])) << "unit " << unit;
+    }
+  });
+}
+
 bool float16_computes_on_cpu() {
   try {
     amp::require_autocast(torch::kCPU, torch::kHalf);
