@@ -142,6 +142,13 @@ void Run::wrap_model() {
     require_fsdp_optimizer(optimizer_, module_);
     fsdp::FsdpOptions fsdp_options;
     fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+    // bf16-mixed and 16-mixed compute on bfloat16 and float16 parameters gathered from float32 shards; gradients
+    // are reduced in float32, so the ranks' sum rounds no further than DDP's (docs/fsdp.md, "Mixed precision").
+    // Autocast (in_precision) still runs around the forward, for the losses and norms it keeps in float32.
+    if (autocast_dtype_) {
+      fsdp_options.mixed_precision.param_dtype = *autocast_dtype_;
+      fsdp_options.mixed_precision.reduce_dtype = torch::kFloat32;
+    }
     fsdp_model_ = std::make_unique<fsdp::FullyShardedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
                                                                                      fsdp_options);
     shard_optimizer(fsdp_model_->sharded(), module_, optimizer_);
