@@ -153,6 +153,8 @@ CellRun command_for(const Cell& cell, const std::string& data, const std::string
   // fsdp's ranks hold different shards, no replicas to compare (its refusal is a row of bad_train_flags_test).
   if (cell.at("strategy") == "fsdp") {
     run.train_args.insert(run.train_args.end(), {"--strategy", "fsdp"});
+  } else if (cell.at("strategy") == "fsdp-sharded") {
+    run.train_args.insert(run.train_args.end(), {"--strategy", "fsdp", "--checkpoint-format", "sharded"});
   } else {
     run.train_args.insert(run.train_args.end(), {"--check-replicas-every", "1"});
   }
