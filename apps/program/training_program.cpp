@@ -105,7 +105,8 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("uneven inputs", o.uneven_inputs ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
   line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
-                      : fmt::format("at epoch ends{}; the newest {} kept",
+                      : fmt::format("{}at epoch ends{}; the newest {} kept",
+                                    o.checkpoint_format == train::CheckpointFormat::kSharded ? "sharded, " : "",
                                     o.checkpoint_every > 0 ? fmt::format(" and every {} steps", o.checkpoint_every) : "",
                                     o.keep_checkpoints > 0 ? std::to_string(o.keep_checkpoints) : "all"));
   line("records", fmt::format("metrics.jsonl, steps.jsonl{}{}", o.tensorboard ? ", TensorBoard events" : "",

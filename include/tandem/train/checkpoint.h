@@ -15,6 +15,8 @@
 //                       (grad_scaler.*, 16-mixed), extra.<key>, and the checksums: crc32c.<entry> of each
 //                       entry's bytes, crc32c.__header__ of everything else in the header
 // Written by rank 0 only, atomically (temp file, fsync, rename); where they live: train/run_directory.h.
+// A sharded checkpoint of an fsdp run (LoopOptions::checkpoint_format) keeps the parameters and their optimizer
+// state in pieces, one file per rank, beside this file (docs/checkpoint.md); load_checkpoint gathers them whole.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -110,7 +112,8 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
 // the formats before checksums (tandem-checkpoint-1 and -2) load unverified, with a note in the log.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 ExtraState* extra = nullptr);
-// The same into sharded optimizer state: each rank keeps its share of the saved state.
+// The same into sharded optimizer state: each rank keeps its share of the saved state. A sharded checkpoint of
+// an fsdp run is refused in one line (its pieces fill per-parameter state, which this optimizer does not keep).
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
                                 optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra = nullptr);
 

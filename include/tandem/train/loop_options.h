@@ -28,8 +28,9 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 // process per device as kDdp, each rank holding one shard of every parameter, gradient and optimizer state
 // (fsdp/fully_sharded_data_parallel.h, each direct child of the model a unit). The loop points the optimizer (SGD,
 // Adam, AdamW or RMSprop, one param group of every parameter) at the shards for the run and back at the model's
-// parameters, with the full state, at its end; checkpoints hold the full state (docs/fsdp.md). bf16-mixed and
-// 16-mixed compute on bfloat16 or float16 parameters gathered from float32 shards and reduce gradients in float32.
+// parameters, with the full state, at its end; checkpoints hold the full state, or with kSharded
+// checkpoint_format each rank its pieces (docs/fsdp.md). bf16-mixed and 16-mixed compute on bfloat16 or float16
+// parameters gathered from float32 shards and reduce gradients in float32.
 // The average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
 enum class Strategy { kDdp, kDataParallel, kFsdp };
 
