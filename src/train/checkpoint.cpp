@@ -90,13 +90,7 @@ std::string damage_of(const TensorFile& file, const std::string& path) {
   for (const auto& [name, tensor] : file.tensors) {
     if (damage.empty()) damage = entry_damage(name, tensor, file.metadata, path);
   }
-  if (damage.empty() && format == kShardedCheckpointFormat) {
-    try {
-      damage = ShardedCheckpointReader(path, file.metadata).damage();
-    } catch (const InvalidArgument& unreadable) {  // the index missing or damaged
-      damage = unreadable.what();
-    }
-  }
+  if (damage.empty() && format == kShardedCheckpointFormat) damage = sharded_checkpoint_damage(path, file.metadata);
   return damage;
 }
 

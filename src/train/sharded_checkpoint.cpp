@@ -63,6 +63,9 @@ ShardedIndex parse_index(const std::string& text) {
   return index;
 }
 
+// A reader's line without throw_unusable's advice to move the checkpoint aside: the run dir's search moves it.
+std::string without_advice(const std::string& line) { return line.substr(0, line.rfind("; move ")); }
+
 std::vector<std::string> folder_entries(const std::string& folder) {
   std::vector<std::string> names;
   std::error_code error;
@@ -240,11 +243,18 @@ std::string ShardedCheckpointReader::damage() {
       }
     }
   } catch (const InvalidArgument& unusable) {
-    // The reader's own line without the advice to move the checkpoint aside, which the run dir's search does.
-    const std::string what = unusable.what();
-    return what.substr(0, what.rfind("; move "));
+    return without_advice(unusable.what());
   }
   return "";
+}
+
+std::string sharded_checkpoint_damage(const std::string& checkpoint_path,
+                                      const std::map<std::string, std::string>& metadata) {
+  try {
+    return ShardedCheckpointReader(checkpoint_path, metadata).damage();
+  } catch (const InvalidArgument& unusable) {  // the index missing or damaged
+    return without_advice(unusable.what());
+  }
 }
 
 bool is_sharded_checkpoint(const std::string& checkpoint_path) {

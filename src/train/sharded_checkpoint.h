@@ -96,6 +96,11 @@ class ShardedCheckpointReader {
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
 };
 
+// What ShardedCheckpointReader::damage() finds, or what is wrong with the index that `metadata` (the checkpoint
+// file's) names: one line naming the file, without advice; "" when nothing is.
+std::string sharded_checkpoint_damage(const std::string& checkpoint_path,
+                                      const std::map<std::string, std::string>& metadata);
+
 // Whether the file at `checkpoint_path` is the main file of a sharded checkpoint (false when it cannot be read).
 bool is_sharded_checkpoint(const std::string& checkpoint_path);
 
