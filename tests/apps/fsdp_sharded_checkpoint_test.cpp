@@ -1,7 +1,7 @@
 // `tandem train --strategy fsdp --checkpoint-format sharded` as users run it, under `tandem run`: each rank writes
 // its own file and rank 0 an index; a run continues it bit for bit on the same world size, as a continuation of
-// the full-state checkpoint of the same step does on another world size, and under DDP; a damaged or missing
-// part is one line naming that file; --keep-checkpoints removes a checkpoint's files together.
+// the full-state checkpoint of the same step does on another world size, and under DDP (--zero is refused); a
+// damaged or missing part is one line naming that file; --keep-checkpoints removes a checkpoint's files together.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,6 +112,7 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
   copy_checkpoint(root_ + "/stopped", kStopped, root_ + "/three_sharded");
   copy_checkpoint(root_ + "/stopped_full", kStopped, root_ + "/three_full");
   copy_checkpoint(root_ + "/stopped", kStopped, root_ + "/ddp");
+  copy_checkpoint(root_ + "/stopped", kStopped, root_ + "/zero");
 
   const testing::ProcessResult continued =
       train(2, data_, root_ + "/stopped", with(kSharded, {"--steps", "12", "--save-weights", root_ + "/continued.safetensors"}));
@@ -135,6 +136,15 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
   expect_success(ddp);
   EXPECT_NE(ddp.output.find("resuming from"), std::string::npos) << ddp.output;
   EXPECT_LE(relative_l2(root_ + "/whole.safetensors", root_ + "/ddp.safetensors"), 1e-5);
+
+  // --zero's optimizer takes its state from the archive alone: refused in one line saying what to do.
+  const testing::ProcessResult zero = train(2, data_, root_ + "/zero", {"--zero", "--steps", "12"});
+  ASSERT_FALSE(zero.timed_out) << zero.output;
+  EXPECT_NE(zero.exit_code, 0) << zero.output;
+  EXPECT_NE(zero.output.find("is a sharded checkpoint of --strategy fsdp, which a sharded optimizer cannot take its "
+                             "state from; continue it with --strategy fsdp"),
+            std::string::npos)
+      << zero.output;
 }
 
 // Checkpoints at steps 3 and 6 (--checkpoint-every 3), the newest 2 kept of 3 written (step 9 stops).
