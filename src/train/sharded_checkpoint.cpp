@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
 
 #include "checkpoint_file.h"
@@ -39,6 +40,13 @@ std::string folder_of(const std::string& checkpoint_path) {
 
 std::string index_checksum(const std::string& text) { return fmt::format("{:08x}", monitor::crc32c(text)); }
 
+// The parts of a checkpoint lie beside it: a name with a folder in it is not one tandem wrote.
+void require_file_name(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    throw std::runtime_error("not a file name");
+  }
+}
+
 ShardedIndex parse_index(const std::string& text) {
   const json j = json::parse(text);
   if (j.at("format").get<std::string>() != kIndexFormat) throw std::runtime_error("another format");
@@ -59,6 +67,10 @@ ShardedIndex parse_index(const std::string& text) {
                           in_tensor.at(1).get<int64_t>(), in_unit.at(0).get<int64_t>(), in_unit.at(1).get<int64_t>()});
     }
     index.tensors.push_back(std::move(t));
+  }
+  for (const std::string& file : index.files) require_file_name(file);
+  for (const ShardedTensor& tensor : index.tensors) {
+    for (const ShardPiece& piece : tensor.pieces) require_file_name(piece.file);
   }
   return index;
 }
@@ -142,6 +154,9 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_p
   const auto checksum = metadata.find(kIndexChecksum);
   if (name == metadata.end() || checksum == metadata.end()) {
     throw_unusable(checkpoint_path + ": a sharded checkpoint whose metadata does not name its index", checkpoint_path);
+  }
+  if (name->second.find('/') != std::string::npos) {
+    throw_unusable(checkpoint_path + ": its metadata names an index outside its folder", checkpoint_path);
   }
   const std::string path = folder_ + "/" + name->second;
   std::ifstream in(path, std::ios::binary);
