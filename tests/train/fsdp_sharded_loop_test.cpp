@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/optimizer_cases.h"
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
 #include "tandem/train/loop.h"
@@ -19,12 +20,7 @@ namespace tandem::train::fsdp_sharded_loop {
 namespace {
 
 namespace fs = std::filesystem;
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(torch::nn::Sequential&)>;
-
-struct OptimizerCase {
-  const char* name;
-  OptimizerFactory make;
-};
+using testing::OptimizerCase;
 
 struct Layout {
   int world = 2;
@@ -106,30 +102,8 @@ TEST_P(FsdpShardedLoop, ContinuesItsPiecesAsTheFullStateOnAnyLayout) {
   expect_equal(fit(kind, ddp, ddp_full, 50, 0), fit(kind, ddp, ddp_sharded, 60, 0), "ddp");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Optimizers, FsdpShardedLoop,
-    ::testing::Values(
-        OptimizerCase{"SGD",
-                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
-                        return std::make_unique<torch::optim::SGD>(
-                            net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.005));
-                      }},
-        OptimizerCase{"Adam",
-                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
-                        return std::make_unique<torch::optim::Adam>(net->parameters(),
-                                                                    torch::optim::AdamOptions(1e-2).amsgrad(true));
-                      }},
-        OptimizerCase{"AdamW",
-                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
-                        return std::make_unique<torch::optim::AdamW>(
-                            net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
-                      }},
-        OptimizerCase{"RMSprop",
-                      [](torch::nn::Sequential& net) -> std::unique_ptr<torch::optim::Optimizer> {
-                        return std::make_unique<torch::optim::RMSprop>(
-                            net->parameters(), torch::optim::RMSpropOptions(1e-2).momentum(0.5).centered(true));
-                      }}),
-    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Optimizers, FsdpShardedLoop, ::testing::ValuesIn(testing::stateful_optimizer_cases()),
+                         testing::optimizer_case_name);
 
 }  // namespace
 }  // namespace tandem::train::fsdp_sharded_loop
