@@ -13,6 +13,7 @@
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
 #include "support/venv_python.h"
+#include "support/weight_files.h"
 #include "tandem/train/safetensors.h"
 
 namespace tandem::app {
@@ -22,22 +23,6 @@ namespace {
 // train in four rates of the cosine over --epochs 4.
 const std::vector<std::string> kCommonFlags = {"--steps", "30", "--epochs", "4", "--batch-size", "16", "--seed", "3",
                                                 "--lr", "0.01", "--normalize", "0.2860,0.3530"};
-
-// ||actual - expected|| / ||expected|| over every tensor of `expected`, which `actual` must hold in the same shape.
-double relative_l2(const train::TensorFile& expected, const train::TensorFile& actual) {
-  EXPECT_EQ(expected.tensors.size(), actual.tensors.size());
-  double difference = 0, norm = 0;
-  for (const auto& [name, tensor] : expected.tensors) {
-    const torch::Tensor other = actual.find(name);
-    if (!other.defined() || other.sizes() != tensor.sizes()) {
-      ADD_FAILURE() << name << " is missing or of another shape";
-      return INFINITY;
-    }
-    difference += (tensor.to(torch::kDouble) - other.to(torch::kDouble)).pow(2).sum().item<double>();
-    norm += tensor.to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(difference / norm);
-}
 
 void expect_success(const testing::ProcessResult& result) {
   ASSERT_FALSE(result.timed_out) << result.output;
@@ -70,11 +55,11 @@ TEST(FsdpAgainstPytorchDdp, ThirtyStepsFromPytorchsInitialWeightsEndWithinOneInT
   const train::TensorFile expected = train::load_safetensors(dir + "/pytorch.safetensors");
   const train::TensorFile actual = train::load_safetensors(dir + "/tandem.safetensors");
   // Equal because both trained, not because neither did.
-  EXPECT_GT(relative_l2(initial, expected), 1e-3) << "PyTorch's weights hardly moved";
-  const double difference = relative_l2(expected, actual);
+  EXPECT_GT(testing::weights_relative_l2(initial, expected), 1e-3) << "PyTorch's weights hardly moved";
+  const double difference = testing::weights_relative_l2(expected, actual);
   std::printf("[fsdp vs pytorch ddp] tandem train --strategy fsdp against PyTorch DDP after 30 steps on 2 ranks: "
               "relative L2 %.3g (moved %.3g from the start)\n",
-              difference, relative_l2(initial, actual));
+              difference, testing::weights_relative_l2(initial, actual));
   EXPECT_LE(difference, 1e-4);
 }
 

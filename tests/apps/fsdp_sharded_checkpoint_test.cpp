@@ -14,6 +14,7 @@
 
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
+#include "support/weight_files.h"
 #include "tandem/train/safetensors.h"
 
 namespace tandem::app::fsdp_sharded_checkpoint {
@@ -31,22 +32,6 @@ testing::ProcessResult train(int ranks, const std::string& data, const std::stri
                                    "--no-tensorboard", "--no-report", "--timeout", "60", "--run-dir", run_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return testing::run_process(argv, {}, std::chrono::seconds(120));
-}
-
-// ||a - b|| / ||a|| over every float tensor of two weight files, which must hold the same names and shapes.
-double relative_l2(const std::string& expected_path, const std::string& actual_path) {
-  const train::TensorFile expected = train::load_safetensors(expected_path);
-  const train::TensorFile actual = train::load_safetensors(actual_path);
-  EXPECT_EQ(expected.tensors.size(), actual.tensors.size());
-  double difference = 0, norm = 0;
-  for (const auto& [name, tensor] : expected.tensors) {
-    const torch::Tensor other = actual.find(name);
-    EXPECT_TRUE(other.defined()) << name;
-    if (!other.defined() || !tensor.is_floating_point()) continue;
-    difference += (tensor.to(torch::kDouble) - other.to(torch::kDouble)).pow(2).sum().item<double>();
-    norm += tensor.to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(difference / norm);
 }
 
 // The names in `dir` that start with "checkpoint-".
@@ -118,7 +103,7 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
       train(2, data_, root_ + "/stopped", with(kSharded, {"--steps", "12", "--save-weights", root_ + "/continued.safetensors"}));
   expect_success(continued);
   EXPECT_NE(continued.output.find("resuming from"), std::string::npos) << continued.output;
-  EXPECT_EQ(relative_l2(root_ + "/whole.safetensors", root_ + "/continued.safetensors"), 0.0)
+  EXPECT_EQ(testing::weights_relative_l2(root_ + "/whole.safetensors", root_ + "/continued.safetensors"), 0.0)
       << "resume on the same world size must be bit-identical";
 
   // 3 ranks cut their shards from the 2 ranks' pieces: what they cut from the full state of the same step.
@@ -126,7 +111,8 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
                        with(kSharded, {"--steps", "12", "--save-weights", root_ + "/three_sharded.safetensors"})));
   expect_success(train(3, data_, root_ + "/three_full",
                        {"--strategy", "fsdp", "--steps", "12", "--save-weights", root_ + "/three_full.safetensors"}));
-  const double three = relative_l2(root_ + "/three_full.safetensors", root_ + "/three_sharded.safetensors");
+  const double three =
+      testing::weights_relative_l2(root_ + "/three_full.safetensors", root_ + "/three_sharded.safetensors");
   std::printf("3 ranks continuing the sharded checkpoint against the full one: relative L2 %g\n", three);
   EXPECT_EQ(three, 0.0);
 
@@ -135,7 +121,7 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
       train(2, data_, root_ + "/ddp", {"--steps", "12", "--save-weights", root_ + "/ddp.safetensors"});
   expect_success(ddp);
   EXPECT_NE(ddp.output.find("resuming from"), std::string::npos) << ddp.output;
-  EXPECT_LE(relative_l2(root_ + "/whole.safetensors", root_ + "/ddp.safetensors"), 1e-5);
+  EXPECT_LE(testing::weights_relative_l2(root_ + "/whole.safetensors", root_ + "/ddp.safetensors"), 1e-5);
 
   // --zero's optimizer takes its state from the archive alone: refused in one line saying what to do.
   const testing::ProcessResult zero = train(2, data_, root_ + "/zero", {"--zero", "--steps", "12"});

@@ -12,6 +12,7 @@
 
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
+#include "support/weight_files.h"
 #include "tandem/train/safetensors.h"
 
 namespace tandem::app {
@@ -29,23 +30,6 @@ testing::ProcessResult train(int ranks, const std::string& data, const std::stri
                                    "--no-report", "--timeout", "60", "--run-dir", run_dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return testing::run_process(argv, {}, std::chrono::seconds(150));
-}
-
-// ||a - b|| / ||a|| over every float tensor of two weight files, which must hold the same names and shapes.
-double relative_l2(const std::string& expected_path, const std::string& actual_path) {
-  const train::TensorFile expected = train::load_safetensors(expected_path);
-  const train::TensorFile actual = train::load_safetensors(actual_path);
-  EXPECT_EQ(expected.tensors.size(), actual.tensors.size());
-  double difference = 0, norm = 0;
-  for (const auto& [name, tensor] : expected.tensors) {
-    const torch::Tensor other = actual.find(name);
-    EXPECT_TRUE(other.defined()) << name;
-    if (!other.defined() || !tensor.is_floating_point()) continue;
-    EXPECT_EQ(other.sizes(), tensor.sizes()) << name;
-    difference += (tensor.to(torch::kDouble) - other.to(torch::kDouble)).pow(2).sum().item<double>();
-    norm += tensor.to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(difference / norm);
 }
 
 class FsdpTrain : public ::testing::Test {
@@ -79,7 +63,7 @@ TEST_F(FsdpTrain, TwoRanksEndWhereDdpEndsAfterThirtySteps) {
     EXPECT_NE(fsdp.output.find("fsdp, " + std::string(reshard == "true" ? "reshard" : "no reshard") + " after forward"),
               std::string::npos) << fsdp.output;
     EXPECT_NE(fsdp.output.find("[epoch 4]"), std::string::npos) << fsdp.output;
-    const double difference = relative_l2(root_ + "/ddp.safetensors", weights);
+    const double difference = testing::weights_relative_l2(root_ + "/ddp.safetensors", weights);
     std::printf("fsdp (reshard after forward %s) against ddp after %d steps: relative L2 %g\n", reshard.c_str(),
                 kSteps, difference);
     EXPECT_LE(difference, 1e-5);
@@ -94,7 +78,7 @@ TEST_F(FsdpTrain, AccumulatedBatchesEndWhereDdpsDo) {
   auto fsdp_args = common;
   fsdp_args.insert(fsdp_args.end(), {"--strategy", "fsdp", "--save-weights", root_ + "/fsdp.safetensors"});
   expect_success(train(2, data_, root_ + "/fsdp", fsdp_args));
-  EXPECT_LE(relative_l2(root_ + "/ddp.safetensors", root_ + "/fsdp.safetensors"), 1e-5);
+  EXPECT_LE(testing::weights_relative_l2(root_ + "/ddp.safetensors", root_ + "/fsdp.safetensors"), 1e-5);
 }
 
 // Stopped at step 15 (inside an epoch), continued to 30: on 2 ranks bit for bit the uninterrupted run; by a DDP
@@ -119,14 +103,14 @@ TEST_F(FsdpTrain, CheckpointsContinueOnTheSameWorldBitForBitAndUnderDdpOrThreeRa
   const testing::ProcessResult continued = train(2, data_, root_ + "/stopped", continue_args);
   expect_success(continued);
   EXPECT_NE(continued.output.find("resuming from"), std::string::npos) << continued.output;
-  EXPECT_EQ(relative_l2(root_ + "/whole.safetensors", root_ + "/continued.safetensors"), 0.0)
+  EXPECT_EQ(testing::weights_relative_l2(root_ + "/whole.safetensors", root_ + "/continued.safetensors"), 0.0)
       << "resume on the same world size must be bit-identical";
 
   const testing::ProcessResult ddp =
       train(2, data_, root_ + "/ddp", {"--steps", "30", "--save-weights", root_ + "/ddp.safetensors"});
   expect_success(ddp);
   EXPECT_NE(ddp.output.find("resuming from"), std::string::npos) << ddp.output;
-  EXPECT_LE(relative_l2(root_ + "/whole.safetensors", root_ + "/ddp.safetensors"), 1e-5);
+  EXPECT_LE(testing::weights_relative_l2(root_ + "/whole.safetensors", root_ + "/ddp.safetensors"), 1e-5);
 
   auto three_args = fsdp;
   three_args.insert(three_args.end(), {"--steps", "30"});
