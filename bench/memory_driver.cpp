@@ -20,11 +20,11 @@ namespace tandem::bench {
 namespace {
 
 constexpr int64_t kDdpBytesPerParameter = 16;  // float32 parameter, gradient and AdamW's two moments
-// What an FSDP rank held beyond its shards, their gradients, their state and two gathered units, per parameter of
-// the model, measured on the wide MLP at 4 ranks over LibTorch 1.13's Gloo (BENCHMARKS.md): backward runs ahead of
-// the reductions, so every unit's full gradient, its flat copy and the emulated reduce-scatter's buffer can be
-// in flight at once. Without it the check let a 537M-parameter run through that the kernel then killed.
-constexpr int64_t kFsdpInFlightBytesPerParameter = 6;
+// What an FSDP rank holds beyond its shards, their gradients and their state, in units of the largest unit's
+// float32 bytes: two gathered units (the one running and the one prefetched), and the one reduction in flight's
+// full gradient, its flat copy and the emulated reduce-scatter's buffer. Measured on the wide MLP at 4 ranks over
+// LibTorch 1.13's Gloo (BENCHMARKS.md): 5.2 units; one more for margin.
+constexpr int64_t kFsdpUnitsBeyondState = 6;
 
 nlohmann::json memory_result_json(const MemoryBenchResult& r) {
   return {{"rank", r.rank},
@@ -67,8 +67,8 @@ int64_t available_memory_bytes() {
 int64_t estimated_bytes_per_rank(const MemoryBenchOptions& options, int64_t parameters, int world_size) {
   if (options.strategy == "ddp") return kDdpBytesPerParameter * parameters;
   const int64_t unit_bytes = options.model == "mlp" ? 4 * (options.mlp_width * options.mlp_width + options.mlp_width) : 0;
-  return std::max(4 * parameters, kDdpBytesPerParameter * parameters / world_size +
-                                      kFsdpInFlightBytesPerParameter * parameters + 2 * unit_bytes);
+  return std::max(4 * parameters,
+                  kDdpBytesPerParameter * parameters / world_size + kFsdpUnitsBeyondState * unit_bytes);
 }
 
 void run_memory_driver(MemoryDriverOptions options) {

@@ -26,8 +26,8 @@ struct MemoryDriverOptions {
 };
 
 // The bytes one rank is expected to hold at its peak: DDP 16 per parameter; FSDP the whole float32 model while
-// it is built (every rank builds it before sharding), or its 16-byte share plus two gathered units plus the
-// gradients in flight in backward (6 bytes per parameter, as measured), whichever is more. DDP's is a lower
+// it is built (every rank builds it before sharding), or its 16-byte share plus six of the largest unit (two
+// gathered, and the one reduction in flight's gradient buffers, as measured), whichever is more. DDP's is a lower
 // bound: it leaves out the buckets' copies, activations and the allocator's slack.
 int64_t estimated_bytes_per_rank(const MemoryBenchOptions& options, int64_t parameters, int world_size);
 

@@ -211,7 +211,11 @@ void ShardedModel::complete_unit(int unit) {
   completed_[unit] = 1;
   Pause pause;
   if (gradient_sync_) {
+    // One reduction in flight at a time, as FSDP2 keeps it: where the transport is slower than the backward,
+    // starting every unit's reduce-scatter at once would hold every unit's full gradient until the end.
+    if (reducing_ >= 0) units_[reducing_]->finish_gradient_reduction();
     units_[unit]->start_gradient_reduction();
+    reducing_ = unit;
   } else {
     units_[unit]->accumulate_gradients();
   }
@@ -238,6 +242,7 @@ void ShardedModel::reset_gradient_progress() {
   std::fill(completed_.begin(), completed_.end(), 0);
   std::fill(gathered_in_backward_.begin(), gathered_in_backward_.end(), 0);
   backward_started_ = false;
+  reducing_ = -1;
 }
 
 void ShardedModel::note_unsharded() {

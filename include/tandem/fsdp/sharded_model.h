@@ -117,6 +117,7 @@ class ShardedModel : public ParameterUser {
   std::vector<char> gathered_in_backward_;  // units whose parameters this backward's formulas read
   std::vector<char> read_in_backward_;      // the same for the last complete backward
   bool backward_started_ = false;
+  int reducing_ = -1;  // the unit whose gradient reduction was started last and not yet added into its shard
   std::exception_ptr failure_;
   int64_t peak_unsharded_ = 0;
 };
