@@ -152,9 +152,21 @@ def register_comm_hook(model, args):
 
 
 def worker(rank, args, port, results):
+    def wrap(model):
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                        gradient_as_bucket_view=args.gradient_as_bucket_view)
+        register_comm_hook(model, args)
+        return model
+
+    time_steps(rank, args, port, results, args.mode == "ddp" and args.nproc > 1, wrap)
+
+
+def time_steps(rank, args, port, results, distributed, wrap):
+    """One rank's timed training (pytorch_fsdp_bench.py's too): the model of args.model, wrapped by `wrap(model)`
+    where `distributed`, SGD with momentum on random images made beforehand; rank 0 puts the slowest rank's ms per
+    step of each repeat into `results`."""
     torch.set_num_threads(args.threads)
     world = args.nproc
-    distributed = args.mode == "ddp" and world > 1
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -164,9 +176,7 @@ def worker(rank, args, port, results):
     torch.manual_seed(args.seed)
     model = MODELS[args.model]().to(device)
     if distributed:
-        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
-                                        gradient_as_bucket_view=args.gradient_as_bucket_view)
-        register_comm_hook(model, args)
+        model = wrap(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
     loss_function = torch.nn.CrossEntropyLoss()
     channels = 1 if args.model == "cnn" else 3

@@ -19,19 +19,17 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 try:
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 except ImportError:
     sys.exit("pytorch_fsdp_bench.py: error: this Python has no torch.distributed.fsdp.fully_shard (PyTorch 2.6 or "
              "later); run it with .venv/bin/python (scripts/build --libtorch pypi makes it)")
 
-from pytorch_ddp_bench import MODELS, load_data, synchronize
-from pytorch_ranks import leave_process_group, positive_real, run_ranks, whole_number_from
+from pytorch_ddp_bench import MODELS, time_steps
+from pytorch_ranks import positive_real, run_ranks, whole_number_from
 
 
 def true_or_false(text):
@@ -39,6 +37,10 @@ def true_or_false(text):
     if text not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"must be true or false, not {text}")
     return text == "true"
+
+
+def model_device(model):
+    return next(model.parameters()).device
 
 
 def shard(model, device, world, reshard_after_forward):
@@ -51,53 +53,11 @@ def shard(model, device, world, reshard_after_forward):
 
 
 def worker(rank, args, port, results):
-    torch.set_num_threads(args.threads)
-    world = args.nproc
-    distributed = args.mode == "fsdp" and world > 1
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    if distributed:
-        dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.manual_seed(args.seed)
-    model = MODELS[args.model]().to(device)
-    if distributed:
-        shard(model, device, world, args.reshard_after_forward)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9, weight_decay=0.005)
-    loss_function = torch.nn.CrossEntropyLoss()
-    channels = 1 if args.model == "cnn" else 3
-    x, y, source = load_data(args.data, args.batch_size * world * 16, channels, args.image_size)
-    x, y = x.to(device), y.to(device)
-    batches = x.shape[0] // (args.batch_size * world)
+    def wrap(model):
+        shard(model, model_device(model), args.nproc, args.reshard_after_forward)
+        return model
 
-    def step(i):
-        start = (i % batches) * args.batch_size * world
-        index = torch.arange(start + rank, start + args.batch_size * world, world, device=device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_function(model(x[index]), y[index])
-        loss.backward()
-        optimizer.step()
-
-    for i in range(args.warmup):
-        step(i)
-    repeats = []
-    for r in range(args.repeats):
-        synchronize(device)
-        if distributed:
-            dist.barrier()
-        begin = time.perf_counter()
-        for i in range(args.steps):
-            step(args.warmup + r * args.steps + i)
-        synchronize(device)
-        elapsed = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=device)
-        if distributed:
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        repeats.append(elapsed.item() * 1000.0 / args.steps)
-    if rank == 0:
-        results.put({"repeats": repeats, "data": source})
-    if distributed:
-        leave_process_group()
+    time_steps(rank, args, port, results, args.mode == "fsdp" and args.nproc > 1, wrap)
 
 
 def main():
