@@ -92,29 +92,34 @@ std::string describe_hook(const TrainBenchOptions& options) {
                      options.powersgd.start_powersgd_iter + 1);
 }
 
-void check_pytorch_can_match(const TrainDriverOptions& options) {
-  if (!pytorch_has_model(options.bench.model)) {
-    throw InvalidArgument(fmt::format("--compare pytorch has only cnn and resnet18 on the PyTorch side; drop --compare "
-                                      "to time --model {}", options.bench.model));
-  }
-  if (!std::filesystem::is_regular_file(options.pytorch_script)) {
-    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
-                                      "--pytorch-script", options.pytorch_script));
-  }
-  // With fsdp PyTorch runs FSDP2 alone, which has no buckets and no comm hooks to match.
-  if (options.bench.fsdp) return;
-  if (options.bench.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
+// The flags PyTorch's DDP has no counterpart for. FSDP2 runs alone there, with no buckets or comm hooks to match.
+void check_ddp_flags_have_counterparts(const TrainBenchOptions& bench) {
+  if (bench.fsdp) return;
+  if (bench.ddp.first_bucket_cap_mb != ddp::DdpOptions{}.first_bucket_cap_mb) {
     throw InvalidArgument("--first-bucket-cap-mb has no counterpart in PyTorch's DDP; drop it with --compare pytorch");
   }
   const ddp::PowerSgdOptions defaults;
-  const ddp::PowerSgdOptions& powersgd = options.bench.powersgd;
-  if (options.bench.comm_hook == "powersgd" &&
+  const ddp::PowerSgdOptions& powersgd = bench.powersgd;
+  if (bench.comm_hook == "powersgd" &&
       (powersgd.min_compression_rate != defaults.min_compression_rate ||
        powersgd.use_error_feedback != defaults.use_error_feedback || powersgd.warm_start != defaults.warm_start ||
        powersgd.orthogonalization_epsilon != defaults.orthogonalization_epsilon ||
        powersgd.random_seed != defaults.random_seed)) {
     throw InvalidArgument("the PyTorch side takes PowerSGD's rank and start only; keep its other options at their "
                           "defaults with --compare pytorch");
+  }
+}
+
+// The flags are judged before the script is looked for: a wrong flag is wrong wherever the program runs.
+void check_pytorch_can_match(const TrainDriverOptions& options) {
+  if (!pytorch_has_model(options.bench.model)) {
+    throw InvalidArgument(fmt::format("--compare pytorch has only cnn and resnet18 on the PyTorch side; drop --compare "
+                                      "to time --model {}", options.bench.model));
+  }
+  check_ddp_flags_have_counterparts(options.bench);
+  if (!std::filesystem::is_regular_file(options.pytorch_script)) {
+    throw InvalidArgument(fmt::format("PyTorch side script {} not found; run from the repository root or pass "
+                                      "--pytorch-script", options.pytorch_script));
   }
 }
 
