@@ -215,35 +215,29 @@ def time_steps(rank, args, port, results, distributed, wrap):
         leave_process_group()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_timing_arguments(parser, model, image_size, deadline, data):
+    """The arguments every PyTorch training benchmark here takes (pytorch_fsdp_bench.py's too), with its defaults."""
     parser.add_argument("--nproc", type=whole_number_from(1), default=2, help="processes (world size)")
-    parser.add_argument("--mode", choices=["ddp", "independent"], default="ddp",
-                        help="ddp: PyTorch DDP over Gloo; independent: the same steps with no communication")
-    parser.add_argument("--model", choices=sorted(MODELS), default="cnn", help="the seeds' CNN or ResNet-18")
-    parser.add_argument("--image-size", type=whole_number_from(1), default=28, help="square input size (the CNN takes 28)")
+    parser.add_argument("--model", choices=sorted(MODELS), default=model, help="the seeds' CNN or ResNet-18")
+    parser.add_argument("--image-size", type=whole_number_from(1), default=image_size,
+                        help="square input size (the CNN takes 28)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r on GPU r (modulo the GPUs)")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="DDP's process group backend")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="the process group's backend")
     parser.add_argument("--batch-size", type=whole_number_from(1), default=64, help="samples per process per step")
     parser.add_argument("--threads", type=whole_number_from(1), default=1, help="intra-op threads per process")
     parser.add_argument("--steps", type=whole_number_from(1), default=20, help="timed steps per repeat")
     parser.add_argument("--repeats", type=whole_number_from(1), default=5, help="timed repeats (median and spread over them)")
     parser.add_argument("--warmup", type=whole_number_from(0), default=10, help="untimed steps first")
-    parser.add_argument("--bucket-cap-mb", type=positive_real, default=25, help="DDP bucket size in MiB")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
-    parser.add_argument("--comm-hook", choices=["average", "fp16", "bf16", "powersgd"], default="average",
-                        help="how DDP reduces each bucket (average: no hook)")
-    parser.add_argument("--powersgd-rank", type=whole_number_from(1), default=1, help="PowerSGD's matrix_approximation_rank")
-    parser.add_argument("--powersgd-start", type=whole_number_from(2), default=2, help="PowerSGD's start_powerSGD_iter")
     parser.add_argument("--lr", type=positive_real, default=0.01, help="base learning rate (times the world size)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deadline", type=positive_real, default=300,
+    parser.add_argument("--deadline", type=positive_real, default=deadline,
                         help="seconds before a run that has not finished is stopped and reported as hung")
-    parser.add_argument("--data", default=FASHION_MNIST, help="MNIST-format folder, or 'random' for random images of the same shape")
-    args = parser.parse_args()
+    parser.add_argument("--data", default=data,
+                        help="MNIST-format folder, or 'random' for random images of the same shape")
 
-    results = run_ranks("pytorch_ddp_bench.py", worker, args.nproc, args, args.deadline)
-    result = results.get()
+
+def print_timing(args, result, **settings):
+    """Prints rank 0's result as the one JSON object the bench driver reads; `settings` adds the caller's own."""
     repeats = result["repeats"]
     median = statistics.median(repeats)
     print(json.dumps({
@@ -256,6 +250,7 @@ def main():
         "world_size": args.nproc,
         "batch_size": args.batch_size,
         "threads": args.threads,
+        **settings,
         "data": result["data"],
         "samples_per_s": args.batch_size * args.nproc * 1000.0 / median,
         "ms_per_step_median": median,
@@ -264,6 +259,20 @@ def main():
         "repeats": repeats,
     }))
 
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_timing_arguments(parser, model="cnn", image_size=28, deadline=300, data=FASHION_MNIST)
+    parser.add_argument("--mode", choices=["ddp", "independent"], default="ddp",
+                        help="ddp: PyTorch DDP over Gloo; independent: the same steps with no communication")
+    parser.add_argument("--bucket-cap-mb", type=positive_real, default=25, help="DDP bucket size in MiB")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
+    parser.add_argument("--comm-hook", choices=["average", "fp16", "bf16", "powersgd"], default="average",
+                        help="how DDP reduces each bucket (average: no hook)")
+    parser.add_argument("--powersgd-rank", type=whole_number_from(1), default=1, help="PowerSGD's matrix_approximation_rank")
+    parser.add_argument("--powersgd-start", type=whole_number_from(2), default=2, help="PowerSGD's start_powerSGD_iter")
+    args = parser.parse_args()
+    print_timing(args, run_ranks("pytorch_ddp_bench.py", worker, args.nproc, args, args.deadline).get())
 
 if __name__ == "__main__":
     main()

@@ -16,8 +16,6 @@ Needs PyTorch 2.6 or later (torch.distributed.fsdp.fully_shard): the virtual env
   .venv/bin/python bench/pytorch_fsdp_bench.py --nproc 2 --mode independent   # no communication: the baseline
 """
 import argparse
-import json
-import statistics
 import sys
 
 try:
@@ -28,8 +26,8 @@ except ImportError:
     sys.exit("pytorch_fsdp_bench.py: error: this Python has no torch.distributed.fsdp.fully_shard (PyTorch 2.6 or "
              "later); run it with .venv/bin/python (scripts/build --libtorch pypi makes it)")
 
-from pytorch_ddp_bench import MODELS, time_steps
-from pytorch_ranks import positive_real, run_ranks, whole_number_from
+from pytorch_ddp_bench import add_timing_arguments, print_timing, time_steps
+from pytorch_ranks import run_ranks
 
 
 def true_or_false(text):
@@ -62,49 +60,14 @@ def worker(rank, args, port, results):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=whole_number_from(1), default=2, help="processes (world size)")
+    add_timing_arguments(parser, model="resnet18", image_size=32, deadline=600, data="random")
     parser.add_argument("--mode", choices=["fsdp", "independent"], default="fsdp",
                         help="fsdp: fully_shard over all ranks; independent: the same steps with no communication")
-    parser.add_argument("--model", choices=sorted(MODELS), default="resnet18", help="the seeds' CNN or ResNet-18")
-    parser.add_argument("--image-size", type=whole_number_from(1), default=32, help="square input size (the CNN takes 28)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: rank r on GPU r (modulo the GPUs)")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="the process group's backend")
-    parser.add_argument("--batch-size", type=whole_number_from(1), default=64, help="samples per process per step")
-    parser.add_argument("--threads", type=whole_number_from(1), default=1, help="intra-op threads per process")
-    parser.add_argument("--steps", type=whole_number_from(1), default=20, help="timed steps per repeat")
-    parser.add_argument("--repeats", type=whole_number_from(1), default=5, help="timed repeats (median and spread over them)")
-    parser.add_argument("--warmup", type=whole_number_from(0), default=10, help="untimed steps first")
     parser.add_argument("--reshard-after-forward", type=true_or_false, default=True,
                         help="true: free each unit's parameters after its forward; false: keep them until backward")
-    parser.add_argument("--lr", type=positive_real, default=0.01, help="base learning rate (times the world size)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deadline", type=positive_real, default=600,
-                        help="seconds before a run that has not finished is stopped and reported as hung")
-    parser.add_argument("--data", default="random", help="MNIST-format folder, or 'random' for random images")
     args = parser.parse_args()
-
     result = run_ranks("pytorch_fsdp_bench.py", worker, args.nproc, args, args.deadline).get()
-    repeats = result["repeats"]
-    median = statistics.median(repeats)
-    print(json.dumps({
-        "framework": "pytorch",
-        "torch_version": torch.__version__,
-        "mode": args.mode,
-        "model": args.model,
-        "device": args.device,
-        "backend": args.backend,
-        "world_size": args.nproc,
-        "batch_size": args.batch_size,
-        "threads": args.threads,
-        "reshard_after_forward": args.reshard_after_forward,
-        "data": result["data"],
-        "samples_per_s": args.batch_size * args.nproc * 1000.0 / median,
-        "ms_per_step_median": median,
-        "ms_per_step_min": min(repeats),
-        "ms_per_step_max": max(repeats),
-        "repeats": repeats,
-    }))
-
+    print_timing(args, result, reshard_after_forward=args.reshard_after_forward)
 
 if __name__ == "__main__":
     main()
