@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "support/network_namespaces.h"
@@ -68,6 +69,28 @@ class TrainingJob {
     }
     return text;
   }
+  // The finished checkpoints in the shared run dir (temp files carry a ".tmp." suffix and are left out).
+  std::set<std::string> checkpoints() const {
+    std::set<std::string> names;
+    const std::filesystem::path run_dir = dir_ / ("runs/" + id_);
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator(run_dir, ignored)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("checkpoint-", 0) == 0 && name.find(".tmp.") == std::string::npos) names.insert(name);
+    }
+    return names;
+  }
+  // Waits until a checkpoint not in `known` is in the run dir: the round under way has saved its own progress, so
+  // the next round resumes from what this world size wrote. False at the deadline.
+  bool wait_for_checkpoint_beyond(const std::set<std::string>& known, std::chrono::seconds deadline) const {
+    const auto give_up = std::chrono::steady_clock::now() + deadline;
+    for (;;) {
+      for (const std::string& name : checkpoints())
+        if (!known.count(name)) return true;
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+  }
   // Waits until the workers have written a match of `pattern`; false at the deadline.
   bool wait_for(const std::regex& pattern, std::chrono::seconds deadline) const {
     const auto give_up = std::chrono::steady_clock::now() + deadline;
@@ -116,6 +139,10 @@ TEST(ElasticTraining, AHostCutOffLeavesTwoToContinueWithinTheTimeoutAndRejoinsWh
   std::cout << "two hosts resumed " << std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count()
             << " s after the third's link was cut (--timeout " << kTrainTimeoutSeconds << ")\n";
 
+  // The two-rank round must save before the third host is back, or the next round resumes from the three-rank
+  // checkpoint and the change to check (2 -> 3) never shows.
+  ASSERT_TRUE(job.wait_for_checkpoint_beyond(job.checkpoints(), std::chrono::seconds(30)))
+      << "the two left saved no checkpoint:\n" << job.logs();
   ASSERT_TRUE(hosts.bring_link_up(2, error)) << error;
   ASSERT_TRUE(job.wait_for(std::regex("continues on 3 ranks x batch 16 where it stopped on 2"),
                            std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
@@ -157,8 +184,11 @@ TEST(ElasticTraining, AKilledHostLeavesTwoToContinueFromTheCheckpointAndItsRetur
   std::cout << "two hosts resumed " << std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count()
             << " s after the third was killed\n";
 
+  ASSERT_TRUE(job.wait_for_checkpoint_beyond(job.checkpoints(), std::chrono::seconds(30)))
+      << "the two left saved no checkpoint:\n" << job.logs();
   job.start(2);
-  ASSERT_TRUE(job.wait_for(std::regex("continues on 3 ranks x batch 16 where it stopped on 2"), std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+  ASSERT_TRUE(job.wait_for(std::regex("continues on 3 ranks x batch 16 where it stopped on 2"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
       << "the host that came back was not taken in:\n" << job.logs();
 
   std::vector<ProcessResult> results;
