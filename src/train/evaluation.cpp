@@ -11,9 +11,9 @@ EvalCounts evaluate(const std::function<torch::Tensor(const torch::Tensor&)>& fo
   int64_t total = 0;
   loader.start_epoch(epoch);
   while (std::optional<data::Batch> batch = loader.next()) {
-    // Every rank runs the same number of forwards, even on a batch that is all padding: a model whose forward
-    // communicates would otherwise wait for a rank that skipped it. The padding is dropped afterwards.
-    if (batch->data.size(0) == 0) continue;
+    // Every rank runs the same number of forwards, even on a batch that is all padding or, under
+    // --skip-bad-images, empty: a model whose forward communicates (FSDP gathers each unit) would otherwise wait
+    // for a rank that skipped it. The padding is dropped afterwards.
     const int64_t real = batch->real_count();
     torch::Tensor predicted = forward(batch->data).argmax(1).slice(0, 0, real);
     torch::Tensor hits = predicted.eq(batch->target.slice(0, 0, real)).sum();

@@ -150,6 +150,25 @@ TEST(Evaluate, CountsEachReadableSampleOnceWhenADroppedImageWasAlsoPadding) {
   });
 }
 
+TEST(Evaluate, RunsTheForwardOnABatchWhoseImagesWereAllUnreadable) {
+  // 4 samples on 2 ranks in batches of 1, unshuffled: rank 0 gets 0 then 2, rank 1 gets 1 then 3. Sample 2 cannot
+  // be read, so rank 0's second batch is empty; it still runs its forward, as FSDP's gathers need, and counts none.
+  auto dataset = std::make_shared<DroppingDataset>(alternating_labels(4), 2);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    data::DistributedSamplerOptions sampling{2, rank, /*shuffle=*/false, 0, false};
+    data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(4, sampling), 1));
+    int forwards = 0;
+    const auto counting = [&forwards](const torch::Tensor& x) {
+      ++forwards;
+      return always_zero(x);
+    };
+    EvalCounts counts = evaluate(counting, loader, 0, &communicator);
+    EXPECT_EQ(forwards, 2) << "rank " << rank;
+    EXPECT_EQ(counts.total, 3) << "rank " << rank;
+    EXPECT_EQ(counts.correct, 1) << "rank " << rank;
+  });
+}
+
 TEST(TrainProcesses, ResNetWithSyncBatchNormTrainsOnAnImageFolderUnderTandemRun) {
   const std::string data = write_tiny_image_folder("image_folder", 10);
   const std::string run_dir = make_temp_dir("image_folder_run");
