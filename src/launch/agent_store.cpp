@@ -153,10 +153,10 @@ AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::millisecond
   client_ = reconnect(Clock::now() + settings.join_timeout);
 }
 
-c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline) {
-  if (hosting_) return client_;
+c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline, const std::function<bool()>& stop) {
   std::string last_error;
-  while (true) {
+  while (!stop()) {
+    if (hosting_) return client_;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     try {
       return connect_once(settings_.host, settings_.port,
@@ -165,13 +165,15 @@ c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline
       last_error = error.what();
       last_error = last_error.substr(0, last_error.find('\n'));
     }
-    if (Clock::now() + kConnectPause >= deadline) break;
+    if (Clock::now() + kConnectPause >= deadline) {
+      throw CommError(fmt::format("cannot reach the elastic job's store at {}:{} within join_timeout {:.0f} s ({}); "
+                                  "check that the agent on that host runs and that `rdzv_endpoint` names it, the "
+                                  "same on every node",
+                                  settings_.host, settings_.port, settings_.join_timeout.count() / 1000.0, last_error));
+    }
     std::this_thread::sleep_for(kConnectPause);
   }
-  throw CommError(fmt::format("cannot reach the elastic job's store at {}:{} within join_timeout {:.0f} s ({}); "
-                              "check that the agent on that host runs and that `rdzv_endpoint` names it, the same "
-                              "on every node",
-                              settings_.host, settings_.port, settings_.join_timeout.count() / 1000.0, last_error));
+  return {};
 }
 
 }  // namespace tandem::launch

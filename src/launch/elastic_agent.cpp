@@ -101,7 +101,7 @@ class ElasticAgent {
         } catch (const Error&) {
           throw;
         } catch (const std::exception& error) {
-          rejoin(first_line(error.what()));
+          if (std::optional<int> code = rejoin(first_line(error.what()))) return *code;
           continue;
         }
         if (!membership && supervisor_.wait_for_signal(kAgentPoll) != 0) {
@@ -228,10 +228,7 @@ class ElasticAgent {
         store_error = watch.store_error();
       }
     }
-    if (!end) {
-      rejoin(store_error.empty() ? "it stopped answering" : store_error);
-      return std::nullopt;
-    }
+    if (!end) return rejoin(store_error.empty() ? "it stopped answering" : store_error);
     const int failures = membership.failures_before + (end->failure ? 1 : 0);
     if (end->failure && failures > plan_.max_restarts) {
       report(end->reason + (plan_.max_restarts > 0 ? fmt::format("; all {} restart(s) used up", plan_.max_restarts)
@@ -247,7 +244,7 @@ class ElasticAgent {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& error) {
-      rejoin(first_line(error.what()));
+      return rejoin(first_line(error.what()));
     }
     return std::nullopt;
   }
@@ -300,17 +297,25 @@ class ElasticAgent {
 
   // The store stopped answering (this node's link was cut, or the store host is gone): the workers are
   // stopped by now; try to get back into the job until join_timeout, as a newcomer, over a new connection.
-  // Throws CommError once join_timeout has passed.
-  void rejoin(const std::string& why) {
+  // Returns nothing once back in, or the agent's exit code when a signal (Ctrl-C) ended the wait. Throws
+  // CommError once join_timeout has passed.
+  std::optional<int> rejoin(const std::string& why) {
     report(fmt::format("lost the job's store at {}:{} ({}); stopped this node's workers, trying to rejoin for up to "
                        "{:.0f} s",
                        settings_.host, settings_.port, why, settings_.join_timeout.count() / 1000.0));
     const auto deadline = Clock::now() + settings_.join_timeout;
+    const auto interrupted = [this] { return supervisor_.wait_for_signal(std::chrono::milliseconds(0)) != 0; };
     while (true) {
-      start_session(store_.reconnect(deadline));
+      c10::intrusive_ptr<c10d::Store> client = store_.reconnect(deadline, interrupted);
+      if (!client) {
+        report(fmt::format("received {} while trying to rejoin; no worker was running",
+                           signal_name(supervisor_.signal_received())));
+        return 128 + supervisor_.signal_received();
+      }
+      start_session(client);
       try {
         enter();
-        return;
+        return std::nullopt;
       } catch (const Error&) {
         throw;
       } catch (const std::exception& error) {

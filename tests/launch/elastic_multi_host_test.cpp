@@ -81,17 +81,33 @@ class ElasticJob {
   std::string events() const { return dir_ / "events"; }
 
   void start(int host) { start(host, kRendezvousConf); }
-  void start(int host, const std::string& conf) {
+  // The agent's own output goes to agent_output(host), where the test can read it while the agent runs.
+  void start(int host, const std::string& conf, bool output_to_file = false) {
     // The same command on every host (the job's agents insist); the host comes through the environment.
     const std::string worker = "echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK world $WORLD_SIZE host "
                                "$TEST_HOST\" >> '" + events() + "'; while [ ! -e '" + (dir_ / "finish") +
                                "' ]; do sleep 0.05; done";
-    agents_[host] = std::make_unique<BackgroundProcess>(hosts_.on_host(
-        host, {testing::tandem_cli(), "run", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", hosts_.address(0) + ":29400", "--rdzv-id", "elastic-test", "--rdzv-conf",
-               conf, "--max-restarts", "3", "--grace-period", "1", "--", "sh", "-c", worker}),
-        std::map<std::string, std::string>{{"TEST_HOST", std::to_string(host)}});
+    std::vector<std::string> agent{testing::tandem_cli(), "run", "--nnodes", "2:3", "--nproc-per-node", "1",
+                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", hosts_.address(0) + ":29400",
+                                   "--rdzv-id", "elastic-test", "--rdzv-conf", conf, "--max-restarts", "3",
+                                   "--grace-period", "1", "--", "sh", "-c", worker};
+    if (output_to_file) {
+      agent.insert(agent.begin(), {"sh", "-c", "exec \"$@\" > '" + agent_output(host) + "' 2>&1", "sh"});
+    }
+    agents_[host] = std::make_unique<BackgroundProcess>(
+        hosts_.on_host(host, agent), std::map<std::string, std::string>{{"TEST_HOST", std::to_string(host)}});
   }
+  std::string agent_output(int host) const { return dir_ / ("agent" + std::to_string(host)); }
+  // Waits until the agent started with its output to a file has printed `text`; false at kChangeDeadline.
+  bool wait_for_agent_line(int host, const std::string& text) const {
+    const auto give_up = std::chrono::steady_clock::now() + kChangeDeadline;
+    while (testing::read_file(agent_output(host)).find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+    return true;
+  }
+  void interrupt(int host) { ::kill(-agents_[host]->pid(), SIGINT); }
   void kill(int host) { ::kill(-agents_[host]->pid(), SIGKILL); }
   ProcessResult finish(int host) {
     if (!agents_[host]) return {};
@@ -215,6 +231,26 @@ TEST(ElasticMultiHost, LosingTheStoreHostEndsEveryOtherNodeWithOneLineAfterTheJo
               std::string::npos)
         << result.output;
   }
+}
+
+TEST(ElasticMultiHost, CtrlCWhileRejoiningEndsTheAgentWithoutWaitingForTheJoinTimeout) {
+  ElasticJob job;
+  if (!job.usable()) GTEST_SKIP() << job.unusable_reason();
+  // A join_timeout far beyond the test's exit deadline: an agent that waited it out would be killed as hung.
+  const std::string conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=300";
+  for (int host = 0; host < 3; ++host) job.start(host, conf, /*output_to_file=*/host == 1);
+  ASSERT_GE(job.wait_for_round(3, -1, "three hosts starting"), 0);
+  job.kill(0);
+  job.finish(0);
+  ASSERT_TRUE(job.wait_for_agent_line(1, "trying to rejoin")) << testing::read_file(job.agent_output(1))
+                                                              << job.stop_all();
+  job.interrupt(1);
+  const ProcessResult result = job.finish(1);
+  const std::string output = testing::read_file(job.agent_output(1));
+  EXPECT_FALSE(result.timed_out) << output;
+  EXPECT_EQ(result.exit_code, 128 + SIGINT) << output;
+  EXPECT_NE(output.find("received SIGINT while trying to rejoin"), std::string::npos) << output;
+  job.stop_all();
 }
 
 TEST(ElasticMultiHost, AnEndpointWithoutARouteIsOneLineWithinTheJoinTimeout) {

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 
 #include "tandem/launch/elastic_options.h"
 
@@ -29,8 +30,10 @@ class AgentStore {
   // This agent's connection: the serving store itself where this agent hosts it.
   const c10::intrusive_ptr<c10d::Store>& client() const { return client_; }
   // A fresh connection after the old one was lost, trying until `deadline`; throws CommError like the
-  // constructor. Where this agent hosts the store, the store itself.
-  c10::intrusive_ptr<c10d::Store> reconnect(std::chrono::steady_clock::time_point deadline);
+  // constructor. Where this agent hosts the store, the store itself. `stop` is asked between tries (each bounded
+  // by the operation timeout): once it says yes, returns null.
+  c10::intrusive_ptr<c10d::Store> reconnect(std::chrono::steady_clock::time_point deadline,
+                                            const std::function<bool()>& stop = [] { return false; });
 
  private:
   ElasticSettings settings_;
