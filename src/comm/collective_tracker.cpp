@@ -29,9 +29,6 @@ bool mentions(const std::string& text, const std::string& word) {
   return lower.find(word) != std::string::npos;
 }
 
-// Backend messages can run to many lines (c10 appends a C++ backtrace); the first line says what happened.
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 std::string as_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 std::vector<uint8_t> as_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 

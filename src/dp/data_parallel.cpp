@@ -100,9 +100,8 @@ ReplicaCopy make_copy(const nn::ModelHolder& model, const torch::Device& device)
     copy = model.clone(device);
   } catch (const c10::Error& error) {
     // LibTorch's message names the module and what to do (derive it from torch::nn::Cloneable); its first line.
-    std::string reason = error.what_without_backtrace();
     throw InvalidArgument(detail::concat("DataParallel copies the model onto each device after the first, but ",
-                                         reason.substr(0, reason.find('\n'))));
+                                         first_line(error.what_without_backtrace())));
   }
   torch::nn::Module& original = *model;
   torch::nn::Module& cloned = **copy;

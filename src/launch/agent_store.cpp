@@ -162,8 +162,7 @@ c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline
       return connect_once(settings_.host, settings_.port,
                           std::max(std::min(operation_timeout_, left), std::chrono::milliseconds(100)));
     } catch (const std::exception& error) {
-      last_error = error.what();
-      last_error = last_error.substr(0, last_error.find('\n'));
+      last_error = first_line(error.what());
     }
     if (Clock::now() + kConnectPause >= deadline) {
       throw CommError(fmt::format("cannot reach the elastic job's store at {}:{} within join_timeout {:.0f} s ({}); "

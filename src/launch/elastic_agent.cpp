@@ -115,8 +115,6 @@ class ElasticAgent {
   }
 
  private:
-  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
   void start_session(const c10::intrusive_ptr<c10d::Store>& client) {
     client_ = client;
     // The workers keep theirs under /worker/attempt_<round>; the agents', apart, cannot meet them.

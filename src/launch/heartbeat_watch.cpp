@@ -52,9 +52,8 @@ void HeartbeatWatch::run() {
     try {
       end = tick_();
     } catch (const std::exception& error) {
-      std::string what = error.what();
       std::lock_guard<std::mutex> lock(mutex_);
-      store_error_ = what.substr(0, what.find('\n'));
+      store_error_ = first_line(error.what());
     }
     std::unique_lock<std::mutex> lock(mutex_);
     if (end || !store_error_.empty()) {

@@ -2,7 +2,11 @@
 
 #include "tandem/util/log.h"
 
-namespace tandem::detail {
+namespace tandem {
+
+std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
+
+namespace detail {
 
 std::string rank_tag() {
   return concat("[rank ", log::identity_rank(), "/", log::identity_world_size(), "]");
@@ -13,4 +17,5 @@ void throw_check_failure(const char* file, int line, const char* condition, cons
                              message));
 }
 
-}  // namespace tandem::detail
+}  // namespace detail
+}  // namespace tandem

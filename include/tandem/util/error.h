@@ -50,6 +50,10 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+// The first line of an error message: LibTorch's and c10d's go on with a C++ backtrace, which the one line a
+// user reads leaves out.
+std::string first_line(const std::string& message);
+
 namespace detail {
 std::string rank_tag();
 
