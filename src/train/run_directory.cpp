@@ -46,17 +46,16 @@ bool numbers_aware_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-// The names of the entries in `dir`; none if it cannot be read (a run dir that does not exist yet).
-std::vector<std::string> entry_names(const std::string& dir) {
+}  // namespace
+
+std::vector<std::string> folder_entries(const std::string& folder) {
   std::vector<std::string> names;
   std::error_code error;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+  for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
     names.push_back(it->path().filename().string());
   }
   return names;
 }
-
-}  // namespace
 
 void check_run_outputs(const LoopOptions& options) {
   if (!options.timeline_path.empty()) require_writable_file("`timeline_path`", options.timeline_path);
@@ -94,7 +93,7 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   // Training order is (epoch, batch) read as numbers: the zero padding is only as wide as checkpoint_path makes
   // it, and a name written by hand may have none, so "10" must not sort before "9". The name breaks ties.
   std::vector<std::tuple<int, long long, std::string>> found;
-  for (std::string& name : entry_names(run_dir)) {
+  for (std::string& name : folder_entries(run_dir)) {
     int epoch = 0;
     long long batches = 0;
     char tail[32] = {0};
@@ -141,7 +140,7 @@ std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_
 }
 
 void remove_unfinished_checkpoints(const std::string& run_dir) {
-  for (const std::string& name : entry_names(run_dir)) {
+  for (const std::string& name : folder_entries(run_dir)) {
     // A sharded checkpoint's part whose checkpoint file never came (or was pruned before it) is unfinished too.
     const std::string part_of = checkpoint_of_part(name);
     const bool orphan = !part_of.empty() && !fs::exists(run_dir + "/" + part_of);
@@ -169,7 +168,7 @@ void prune_checkpoints(const std::string& run_dir, int keep) {
 
 std::string newest_run_dir(const std::string& runs_dir) {
   std::string best;
-  for (const std::string& name : entry_names(runs_dir)) {
+  for (const std::string& name : folder_entries(runs_dir)) {
     if ((best.empty() || numbers_aware_less(best, name)) && find_latest_checkpoint(runs_dir + "/" + name)) {
       best = name;
     }

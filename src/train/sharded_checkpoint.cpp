@@ -12,6 +12,7 @@
 
 #include "checkpoint_file.h"
 #include "tandem/monitor/crc32c.h"
+#include "tandem/train/run_directory.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 
@@ -77,15 +78,6 @@ ShardedIndex parse_index(const std::string& text) {
 
 // A reader's line without throw_unusable's advice to move the checkpoint aside: the run dir's search moves it.
 std::string without_advice(const std::string& line) { return line.substr(0, line.rfind("; move ")); }
-
-std::vector<std::string> folder_entries(const std::string& folder) {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
-    names.push_back(it->path().filename().string());
-  }
-  return names;
-}
 
 }  // namespace
 

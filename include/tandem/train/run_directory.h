@@ -22,6 +22,10 @@ std::string timestamped_run_dir(const std::string& runs_dir = "runs");
 // RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors for (epoch, batches_done); names sort in training order.
 std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
 
+// The names of what `folder` (a run dir, or the runs dir above run dirs) holds, files and folders without the
+// path, in no order; none where it cannot be read.
+std::vector<std::string> folder_entries(const std::string& folder);
+
 // The checkpoints in run_dir, oldest first (epoch, then batch, compared as numbers). Temp files of an
 // interrupted write are not checkpoints.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
