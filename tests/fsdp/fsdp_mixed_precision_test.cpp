@@ -337,7 +337,9 @@ TEST(FsdpMixedPrecision, TandemTrainBf16MixedTrainsAndContinuesFromItsCheckpoint
   const train::TensorFile weights = train::load_safetensors(root + "/whole.safetensors");
   ASSERT_FALSE(weights.tensors.empty());
   for (const auto& [name, tensor] : weights.tensors) {
-    if (tensor.is_floating_point()) EXPECT_EQ(tensor.scalar_type(), torch::kFloat32) << name;
+    if (tensor.is_floating_point()) {
+      EXPECT_EQ(tensor.scalar_type(), torch::kFloat32) << name;
+    }
   }
 
   const ProcessResult stopped = train("parts", 8, root + "/stopped.safetensors");

@@ -99,22 +99,29 @@ TEST(Evaluate, CountsEachTestSampleOnceWhenTheWorldDoesNotDivideTheTestSet) {
   });
 }
 
-TEST(Evaluate, RunsTheForwardOnEveryBatchEvenOneThatIsAllPadding) {
-  // 201 samples over 2 ranks in batches of 100: rank 1's second batch holds only the padding sample.
-  auto dataset = alternating_labels(201);
-  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
-    data::DistributedSamplerOptions sampling{2, rank, /*shuffle=*/false, 0, false};
-    data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(201, sampling), 100));
-    int forwards = 0;
-    const auto counting = [&forwards](const torch::Tensor& x) {
-      ++forwards;
+// evaluate() with always_zero on each of `world` ranks' unshuffled share of `dataset` in batches of `batch_size`;
+// checks on every rank that the forward ran `forwards` times and the counts.
+void expect_forwards_and_counts(const std::shared_ptr<data::Dataset>& dataset, int world, int64_t batch_size,
+                                int forwards, int64_t total, int64_t correct) {
+  testing::run_thread_ranks(world, [&](int rank, comm::Communicator& communicator) {
+    data::DistributedSamplerOptions sampling{world, rank, /*shuffle=*/false, 0, false};
+    data::BatchLoader loader(dataset,
+                             data::BatchSampler(data::DistributedSampler(dataset->size(), sampling), batch_size));
+    int calls = 0;
+    const auto counting = [&calls](const torch::Tensor& x) {
+      ++calls;
       return always_zero(x);
     };
     EvalCounts counts = evaluate(counting, loader, 0, &communicator);
-    EXPECT_EQ(forwards, 2) << "rank " << rank;
-    EXPECT_EQ(counts.total, 201) << "rank " << rank;
-    EXPECT_EQ(counts.correct, 101) << "rank " << rank;
+    EXPECT_EQ(calls, forwards) << "rank " << rank;
+    EXPECT_EQ(counts.total, total) << "rank " << rank;
+    EXPECT_EQ(counts.correct, correct) << "rank " << rank;
   });
+}
+
+TEST(Evaluate, RunsTheForwardOnEveryBatchEvenOneThatIsAllPadding) {
+  // 201 samples over 2 ranks in batches of 100: rank 1's second batch holds only the padding sample.
+  expect_forwards_and_counts(alternating_labels(201), 2, 100, /*forwards=*/2, /*total=*/201, /*correct=*/101);
 }
 
 // A data set whose image `bad` cannot be read: get_batch drops its rows, as ImageFolderDataset does under
@@ -153,20 +160,8 @@ TEST(Evaluate, CountsEachReadableSampleOnceWhenADroppedImageWasAlsoPadding) {
 TEST(Evaluate, RunsTheForwardOnABatchWhoseImagesWereAllUnreadable) {
   // 4 samples on 2 ranks in batches of 1, unshuffled: rank 0 gets 0 then 2, rank 1 gets 1 then 3. Sample 2 cannot
   // be read, so rank 0's second batch is empty; it still runs its forward, as FSDP's gathers need, and counts none.
-  auto dataset = std::make_shared<DroppingDataset>(alternating_labels(4), 2);
-  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
-    data::DistributedSamplerOptions sampling{2, rank, /*shuffle=*/false, 0, false};
-    data::BatchLoader loader(dataset, data::BatchSampler(data::DistributedSampler(4, sampling), 1));
-    int forwards = 0;
-    const auto counting = [&forwards](const torch::Tensor& x) {
-      ++forwards;
-      return always_zero(x);
-    };
-    EvalCounts counts = evaluate(counting, loader, 0, &communicator);
-    EXPECT_EQ(forwards, 2) << "rank " << rank;
-    EXPECT_EQ(counts.total, 3) << "rank " << rank;
-    EXPECT_EQ(counts.correct, 1) << "rank " << rank;
-  });
+  expect_forwards_and_counts(std::make_shared<DroppingDataset>(alternating_labels(4), 2), 2, 1, /*forwards=*/2,
+                             /*total=*/3, /*correct=*/1);
 }
 
 TEST(TrainProcesses, ResNetWithSyncBatchNormTrainsOnAnImageFolderUnderTandemRun) {
