@@ -161,7 +161,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD of finite numbers with STD above 0 (e.g. 0.2860,0.3530)"));
   command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
-  command.add_option("--init,--weights", p.init_weights, "safetensors file to start from (mismatched tensors are skipped and listed)");
+  command.add_option("--init,--weights", p.init_weights, "safetensors weights (--save-weights, a PyTorch state dict) or a tandem checkpoint, full or sharded, whose model to start from (mismatched tensors are skipped and listed)");
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");

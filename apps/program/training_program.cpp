@@ -11,6 +11,7 @@
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
+#include "tandem/train/checkpoint.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
@@ -31,7 +32,8 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
   comm::run_on_all_ranks(group, "to build the model", [&] {
     model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
     if (o.init_weights.empty()) return;
-    train::LoadReport report = train::load_weights(*model.module.ptr(), o.init_weights, o.strict);
+    train::LoadReport report = train::load_weights(*model.module.ptr(), train::read_model_weights(o.init_weights),
+                                                       o.init_weights, o.strict);
     if (!is_main) return;
     log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
     for (const auto& s : report.skipped) log::warn("skipped {}", s);

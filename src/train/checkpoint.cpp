@@ -193,6 +193,26 @@ void fill_parameter_states(ShardedCheckpointReader& pieces, const torch::nn::Mod
   }
 }
 
+// The file's model.* entries under the model's names: every tensor of a full checkpoint's model, the buffers of a
+// sharded one's.
+TensorFile stored_model_tensors(const TensorFile& file) {
+  TensorFile model_part;
+  const std::string model_prefix = kModelPrefix;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
+  }
+  return model_part;
+}
+
+// A sharded checkpoint's parameters, each gathered whole from its pieces, into `model_part`.
+void add_gathered_parameters(ShardedCheckpointReader& pieces, TensorFile& model_part) {
+  for (const ShardedTensor& tensor : pieces.index().tensors) {
+    if (!is_optimizer_state_name(tensor.name) && !model_part.find(tensor.name).defined()) {
+      model_part.tensors.emplace_back(tensor.name, pieces.read_whole(tensor.name));
+    }
+  }
+}
+
 // `per_parameter_state`: whether the optimizer keeps each parameter's state where fill_parameter_states can put
 // it (not a ZeroRedundancyOptimizer, whose state only its archive fills).
 CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Module& module,
@@ -206,11 +226,7 @@ CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Modu
   }
   CheckpointState state = read_state(file, path);
 
-  TensorFile model_part;
-  const std::string model_prefix = kModelPrefix;
-  for (const auto& [name, tensor] : file.tensors) {
-    if (name.rfind(model_prefix, 0) == 0) model_part.tensors.emplace_back(name.substr(model_prefix.size()), tensor);
-  }
+  TensorFile model_part = stored_model_tensors(file);
   NamedShapes shapes;
   // A sharded checkpoint's parameters are gathered whole from its pieces: this rank holds the whole model anyway.
   std::optional<ShardedCheckpointReader> pieces;
@@ -228,11 +244,7 @@ CheckpointState load_checkpoint_of_kind(const std::string& path, torch::nn::Modu
   }
   for (const auto& [name, tensor] : model_part.tensors) shapes.emplace_back(name, tensor.sizes().vec());
   require_same_model(file, shapes, module, path, state.model_name);
-  if (pieces) {
-    for (const auto& [name, shape] : shapes) {
-      if (!model_part.find(name).defined()) model_part.tensors.emplace_back(name, pieces->read_whole(name));
-    }
-  }
+  if (pieces) add_gathered_parameters(*pieces, model_part);
   load_weights(module, model_part, path, /*strict=*/true);
   if (format == kFirstFormat) {
     restore_first_format_momentum(file, path, module, optimizer, kind);
@@ -418,6 +430,23 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
                                 optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra) {
   return load_checkpoint_of_kind(path, module, optimizer, optimizer_kind(optimizer), false, extra);
+}
+
+TensorFile read_model_weights(const std::string& path) {
+  TensorFile file = load_safetensors(path);
+  const std::string format = optional_meta(file, "format", "");
+  if (format != kCheckpointFormat && format != kShardedCheckpointFormat && format != kSecondFormat &&
+      format != kFirstFormat) {
+    return file;
+  }
+  const std::string damage = damage_of(file, path);
+  if (!damage.empty()) throw InvalidArgument(damage + "; start from an intact checkpoint or weights file");
+  TensorFile weights = stored_model_tensors(file);
+  if (format == kShardedCheckpointFormat) {
+    ShardedCheckpointReader pieces(path, file.metadata);
+    add_gathered_parameters(pieces, weights);
+  }
+  return weights;
 }
 
 std::string checkpoint_damage(const std::string& path) {

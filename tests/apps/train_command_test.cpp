@@ -1,7 +1,7 @@
 // `tandem train` on bad input, through the built binary on tiny data: a damaged label, an --init file that fits
 // nothing, an output path that cannot be written. Each used to train on (to the end, or to a failure after it);
 // each now stops before the first step with one line and a non-zero exit. A PyTorch DDP state dict as --init
-// loads. Each --comm-hook trains 2 ranks to equal replicas.
+// loads, and so does a checkpoint's model, full or sharded. Each --comm-hook trains 2 ranks to equal replicas.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -15,6 +15,8 @@
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
 
 namespace tandem::app {
@@ -107,6 +109,39 @@ TEST(TrainCommand, InitThatLoadsNoTensorIsOneLine) {
   const size_t tensors = train::load_safetensors(weights).tensors.size();
   expect_refused_before_training(train("unrelated_init", {"--init", weights}),
                                  weights + ": none of its " + std::to_string(tensors) + " tensors fits the model");
+}
+
+// --init takes a checkpoint's model, full or sharded: a sharded checkpoint's file holds no parameters (they lie in
+// its rank files), so --init found none of its tensors fitting and refused it, or with BatchNorm loaded the buffers
+// alone and trained the rest from scratch.
+TEST(TrainCommand, InitFromAFullOrShardedCheckpointLoadsTheModelItSaved) {
+  const std::string data = write_tiny_mnist("init_checkpoint", 32, 8);
+  for (const std::string format : {"full", "sharded"}) {
+    const std::string source = make_temp_dir("init_checkpoint_" + format) + "/run";
+    const std::string saved = source + "-weights.safetensors";
+    const testing::ProcessResult trained = testing::run_process(
+        {testing::tandem_cli(), "run", "--nproc-per-node", "2", "--", testing::tandem_cli(), "train", "--data", data,
+         "--model", "cnn-bn", "--epochs", "1", "--batch-size", "8", "--threads", "1", "--no-tensorboard",
+         "--strategy", "fsdp", "--checkpoint-format", format, "--run-dir", source, "--save-weights", saved},
+        {}, std::chrono::seconds(60));
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    const std::optional<std::string> checkpoint = train::find_latest_checkpoint(source);
+    ASSERT_TRUE(checkpoint) << source;
+
+    // The model the checkpoint holds is the one the run saved at its end, tensor for tensor.
+    const train::TensorFile weights = train::load_safetensors(saved);
+    const train::TensorFile model = train::read_model_weights(*checkpoint);
+    ASSERT_EQ(model.tensors.size(), weights.tensors.size()) << format;
+    for (const auto& [name, tensor] : weights.tensors) {
+      ASSERT_TRUE(model.find(name).defined()) << format << ": " << name;
+      EXPECT_TRUE(torch::equal(model.find(name), tensor)) << format << ": " << name;
+    }
+    const TrainRun run = train("init_from_" + format, {"--model", "cnn-bn", "--init", *checkpoint, "--strict"}, data);
+    expect_trained(run);
+    EXPECT_NE(run.result.output.find(fmt::format("loaded {} tensors from {}", weights.tensors.size(), *checkpoint)),
+              std::string::npos)
+        << run.result.output;
+  }
 }
 
 TEST(TrainCommand, SaveWeightsIntoAMissingFolderIsOneLineBeforeTraining) {

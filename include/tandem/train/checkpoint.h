@@ -26,6 +26,7 @@
 
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/train/rng_state.h"
+#include "tandem/train/safetensors.h"
 
 namespace tandem::optim {
 class ZeroRedundancyOptimizer;
@@ -116,6 +117,12 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& modu
 // an fsdp run is refused in one line (its pieces fill per-parameter state, which this optimizer does not keep).
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& module,
                                 optim::ZeroRedundancyOptimizer& optimizer, ExtraState* extra = nullptr);
+
+// The weights in the file at `path` for load_weights (`--init`): a weights file's tensors as they are, or a tandem
+// checkpoint's model alone (no optimizer, no position) under the model's names, a sharded checkpoint's parameters
+// gathered whole from its parts. A checkpoint is checked as load_checkpoint checks it; an unreadable file, a
+// damaged checkpoint or a missing part throws InvalidArgument in one line naming the file.
+TensorFile read_model_weights(const std::string& path);
 
 // What load_checkpoint checks before restoring anything: that the file at `path` reads whole, is a tandem
 // checkpoint and matches its checksums. Returns what is wrong, in one line starting with the path (and naming
