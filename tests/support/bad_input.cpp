@@ -46,7 +46,9 @@ ProcessResult expect_one_line_refusal(const BadInput& input) {
   }
   if (input.only_line) {
     EXPECT_EQ(lines.size(), 1u) << result.output;
-    if (!lines.empty()) EXPECT_TRUE(holds_all(lines.front(), input.mentions)) << result.output;
+    if (!lines.empty()) {
+      EXPECT_TRUE(holds_all(lines.front(), input.mentions)) << result.output;
+    }
     return result;
   }
   int error_lines = 0;
