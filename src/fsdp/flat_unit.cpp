@@ -96,6 +96,7 @@ void FlatUnit::start_gather() {
   Pause pause;
   torch::NoGradGuard no_grad;
   in_flight_ = torch::empty({padded_numel_}, shard_.options().dtype(param_dtype_).requires_grad(false));
+  ++gathers_started_;
   if (communicator_ && world_size_ > 1) {
     torch::Tensor received = as_gathered_words(in_flight_);
     gather_work_ = communicator_->all_gather_into(received, as_gathered_words(shard_.detach().to(param_dtype_)));
@@ -161,15 +162,19 @@ void FlatUnit::start_gradient_reduction() {
   }
 }
 
-void FlatUnit::finish_gradient_reduction() {
+void FlatUnit::finish_gradient_reduction(bool into_shard) {
   if (!reduction_output_.defined()) return;
   torch::NoGradGuard no_grad;
   if (reduction_work_) std::exchange(reduction_work_, nullptr)->wait();
-  torch::Tensor& grad = shard_.mutable_grad();
-  if (grad.defined()) {
-    grad.add_(reduction_output_);
-  } else {
-    grad = reduction_output_.to(torch::kFloat32);
+  // Where no rank used the unit, its shard's gradient stays as it was: undefined after zero_grad(set_to_none), so
+  // that the optimizer skips the shard as it skips an unused parameter.
+  if (into_shard) {
+    torch::Tensor& grad = shard_.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(reduction_output_);
+    } else {
+      grad = reduction_output_.to(torch::kFloat32);
+    }
   }
   reduction_input_ = torch::Tensor();
   reduction_output_ = torch::Tensor();

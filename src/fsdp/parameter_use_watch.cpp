@@ -21,6 +21,7 @@ std::unordered_map<const c10::TensorImpl*, Owner> table;
 // Lets the observer skip the lock while nothing is watched.
 std::atomic<size_t> watched{0};
 thread_local bool paused = false;
+thread_local int backward_depth = 0;
 
 void collect(const torch::Tensor& tensor, std::vector<Owner>& hits) {
   if (!tensor.defined()) return;
@@ -61,12 +62,26 @@ std::unique_ptr<at::ObserverContext> on_operator_start(const at::RecordFunction&
   return nullptr;
 }
 
+std::unique_ptr<at::ObserverContext> on_backward_node_start(const at::RecordFunction&) {
+  ++backward_depth;
+  return nullptr;
+}
+
+void on_backward_node_end(const at::RecordFunction&, at::ObserverContext*) { --backward_depth; }
+
 }  // namespace
 
 void watch(const torch::Tensor& tensor, ParameterUser* user, int unit) {
   std::lock_guard<std::mutex> lock(table_mutex);
   table[tensor.unsafeGetTensorImpl()] = Owner{user, unit};
   watched.store(table.size());
+}
+
+bool holds_placeholder(const torch::Tensor& tensor) {
+  if (!tensor.defined()) return false;
+  std::lock_guard<std::mutex> lock(table_mutex);
+  auto found = table.find(tensor.unsafeGetTensorImpl());
+  return found != table.end() && found->second.user->holds_placeholders(found->second.unit);
 }
 
 void forget(ParameterUser* user) {
@@ -82,8 +97,12 @@ void install_on_this_thread() {
   if (installed) return;
   at::addThreadLocalCallback(
       at::RecordFunctionCallback(on_operator_start).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  at::addThreadLocalCallback(at::RecordFunctionCallback(on_backward_node_start, on_backward_node_end)
+                                 .scopes({at::RecordScope::BACKWARD_FUNCTION}));
   installed = true;
 }
+
+bool in_backward() { return backward_depth > 0; }
 
 Pause::Pause() : previous_(paused) { paused = true; }
 Pause::~Pause() { paused = previous_; }

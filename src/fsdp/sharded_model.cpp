@@ -39,6 +39,30 @@ void require_backend_reduces(comm::Communicator& communicator, torch::ScalarType
   }
 }
 
+// Per unit, the unit it runs nested in: a float32 unit split out of another (MixedPrecision::float32_module_types,
+// a BatchNorm in its block) belongs to the unit of the longest module path that is a prefix of its own (the root
+// unit's empty path prefixes all). The forward keeps that unit gathered while the float32 one runs, as FSDP2 keeps
+// a parent gathered around its children, instead of freeing it and gathering it again after every BatchNorm.
+std::vector<int> nesting(const std::vector<UnitSpec>& specs) {
+  std::vector<int> nested_in(specs.size(), -1);
+  for (size_t unit = 0; unit < specs.size(); ++unit) {
+    if (!specs[unit].keeps_float32) continue;
+    const std::string& path = specs[unit].name;
+    size_t longest = 0;
+    for (size_t other = 0; other < specs.size(); ++other) {
+      const std::string& prefix = specs[other].name;
+      if (specs[other].keeps_float32) continue;
+      const bool contains = prefix.empty() || (path.size() > prefix.size() && path[prefix.size()] == '.' &&
+                                               path.compare(0, prefix.size(), prefix) == 0);
+      if (contains && (nested_in[unit] < 0 || prefix.size() >= longest)) {
+        nested_in[unit] = static_cast<int>(other);
+        longest = prefix.size();
+      }
+    }
+  }
+  return nested_in;
+}
+
 }  // namespace
 
 ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options)
@@ -59,6 +83,7 @@ ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr comm
     buffers_ = std::make_unique<ddp::CoalescedBroadcaster>(std::move(buffers));
     if (comm && comm->world_size() > 1) buffers_->broadcast(*comm);
   }
+  nested_in_ = nesting(specs);
   for (UnitSpec& spec : specs) {
     const bool float32 = spec.keeps_float32;
     units_.push_back(std::make_unique<FlatUnit>(std::move(spec), comm,
@@ -67,9 +92,12 @@ ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr comm
   }
   const int unit_count = static_cast<int>(units_.size());
   ready_.resize(unit_count);
+  used_since_sync_.resize(unit_count);
+  unused_elements_.resize(unit_count);
   for (int unit = 0; unit < unit_count; ++unit) {
     const auto& parameters = units_[unit]->parameters();
     ready_[unit].assign(parameters.size(), 0);
+    used_since_sync_[unit].assign(parameters.size(), 0);
     for (const auto& parameter : parameters) parameter_use_watch::watch(parameter.tensor, this, unit);
   }
   hook_gradient_accumulators();
@@ -78,6 +106,7 @@ ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr comm
   seen_.assign(unit_count, 0);
   gathered_in_backward_.assign(unit_count, 0);
   read_in_backward_.assign(unit_count, 1);  // until a backward has shown otherwise
+  for (int unit = unit_count - 1; unit >= 0; --unit) reduction_order_.push_back(unit);
 }
 
 ShardedModel::~ShardedModel() {
@@ -140,8 +169,15 @@ void ShardedModel::before_forward() {
 }
 
 void ShardedModel::after_forward() {
-  phase_ = Phase::kAfterForward;
+  // Without grad mode no backward follows: reads from here on are outside forward and backward.
+  phase_ = torch::GradMode::is_enabled() ? Phase::kAfterForward : Phase::kIdle;
   if (!order_.empty()) previous_order_ = order_;
+  // Backward completes the units roughly in the reverse of the forward's order, which is every rank's (the
+  // gathers pair up in it); units the forward did not use come last.
+  reduction_order_.assign(order_.rbegin(), order_.rend());
+  for (int unit = static_cast<int>(units_.size()) - 1; unit >= 0; --unit) {
+    if (!seen_[unit]) reduction_order_.push_back(unit);
+  }
   Pause pause;
   if (options_.reshard_after_forward) {
     // The last unit stays: backward starts with it.
@@ -169,7 +205,7 @@ void ShardedModel::before_use(const std::vector<int>& units) {
   try {
     if (phase_ == Phase::kForward) {
       const bool moves_on = std::find(units.begin(), units.end(), current_) == units.end();
-      if (moves_on && current_ >= 0 && options_.reshard_after_forward) units_[current_]->reshard();
+      if (moves_on && current_ >= 0 && options_.reshard_after_forward) leave_unit(current_, units.back());
       for (int unit : units) {
         units_[unit]->unshard();
         if (!seen_[unit]) {
@@ -179,11 +215,24 @@ void ShardedModel::before_use(const std::vector<int>& units) {
       }
       if (moves_on) {
         current_ = units.back();
-        start_gather_of(neighbour_in_order(current_, +1));
+        // Only a unit the forward has not used yet: one it comes back to (a block after its BatchNorm) is still
+        // gathered or was needed no more.
+        const int next = neighbour_in_order(current_, +1);
+        if (next >= 0 && !seen_[next]) start_gather_of(next);
       }
+    } else if (phase_ == Phase::kIdle && !parameter_use_watch::in_backward()) {
+      // Outside forward and backward, on this rank alone as far as it knows: a gather would wait for ranks that
+      // are not gathering. The operator reads the placeholder; the caller is told at the next call.
+      const auto sharded = std::find_if(units.begin(), units.end(), [&](int unit) { return holds_placeholders(unit); });
+      if (sharded == units.end()) return;
+      failure_ = std::make_exception_ptr(InvalidArgument(fmt::format(
+          "fsdp: an operator read a parameter of {} outside the forward and backward, where a sharded module holds "
+          "placeholders (zeros); gather the weights with full_parameters() on every rank, or write a checkpoint",
+          units_[*sharded]->name().empty() ? "the root unit" : "unit " + units_[*sharded]->name())));
+      return;
     } else {
-      // Backward (or a use outside the wrapper's forward): gather on demand, and the unit before this one,
-      // whose gradient formulas come next.
+      // Backward (or between a forward and its backward): gather on demand, and the unit before this one, whose
+      // gradient formulas come next.
       for (int unit : units) {
         units_[unit]->unshard();
         gathered_in_backward_[unit] = 1;
@@ -196,6 +245,15 @@ void ShardedModel::before_use(const std::vector<int>& units) {
   }
 }
 
+bool ShardedModel::holds_placeholders(int unit) const { return !units_[unit]->is_unsharded(); }
+
+void ShardedModel::leave_unit(int from, int to) {
+  if (nested_in_[to] == from) return;
+  units_[from]->reshard();
+  const int outer = nested_in_[from];
+  if (outer >= 0 && outer != to && outer != nested_in_[to]) units_[outer]->reshard();
+}
+
 void ShardedModel::on_gradient_ready(int unit, size_t parameter) {
   if (!backward_started_) {
     backward_started_ = true;
@@ -203,31 +261,89 @@ void ShardedModel::on_gradient_ready(int unit, size_t parameter) {
   }
   if (ready_[unit][parameter]) return;
   ready_[unit][parameter] = 1;
-  if (++ready_count_[unit] == ready_[unit].size()) complete_unit(unit);
+  if (++ready_count_[unit] < ready_[unit].size()) return;
+  complete_unit(unit);
+  if (gradient_sync_) {
+    Pause pause;
+    launch_ready_reductions(/*one_in_flight=*/true);
+  }
 }
 
 void ShardedModel::complete_unit(int unit) {
   if (completed_[unit]) return;
   completed_[unit] = 1;
   Pause pause;
-  if (gradient_sync_) {
+  if (!gradient_sync_) units_[unit]->accumulate_gradients();
+  // The gradients stay in the parameters until the unit's reduction starts.
+  units_[unit]->reshard();
+}
+
+void ShardedModel::launch_ready_reductions(bool one_in_flight) {
+  while (next_reduction_ < reduction_order_.size() && completed_[reduction_order_[next_reduction_]]) {
+    const int unit = reduction_order_[next_reduction_++];
     // One reduction in flight at a time, as FSDP2 keeps it: where the transport is slower than the backward,
-    // starting every unit's reduce-scatter at once would hold every unit's full gradient until the end.
-    if (reducing_ >= 0) units_[reducing_]->finish_gradient_reduction();
+    // starting every unit's reduce-scatter at once would hold every unit's full gradient until the end. A unit
+    // completed in backward got every gradient here, so its piece goes into its shard.
+    if (one_in_flight && reducing_ >= 0) units_[reducing_]->finish_gradient_reduction();
     units_[unit]->start_gradient_reduction();
     reducing_ = unit;
-  } else {
-    units_[unit]->accumulate_gradients();
   }
-  units_[unit]->reshard();
+}
+
+std::vector<std::vector<char>> ShardedModel::agree_on_use() {
+  std::vector<std::vector<char>> used = used_since_sync_;
+  comm::Communicator* comm = communicator_.get();
+  if (!comm || comm->world_size() == 1) return used;
+  std::vector<float> flags;
+  for (const auto& unit : used) flags.insert(flags.end(), unit.begin(), unit.end());
+  torch::Tensor on_wire = torch::tensor(flags).to(comm->device());
+  comm->all_reduce(on_wire, comm::ReduceOp::Sum)->wait();
+  const torch::Tensor agreed = on_wire.cpu();
+  const float* sums = agreed.data_ptr<float>();
+  for (auto& unit : used) {
+    for (char& flag : unit) flag = *sums++ > 0;
+  }
+  return used;
+}
+
+void ShardedModel::note_unused_elements(const std::vector<std::vector<char>>& used) {
+  const int rank = communicator_ ? communicator_->rank() : 0;
+  unused_elements_.assign(units_.size(), {});
+  for (size_t unit = 0; unit < units_.size(); ++unit) {
+    if (std::none_of(used[unit].begin(), used[unit].end(), [](char flag) { return flag != 0; })) continue;
+    const int64_t shard_numel = units_[unit]->shard().numel();
+    const int64_t shard_begin = rank * shard_numel;
+    const auto& parameters = units_[unit]->parameters();
+    for (size_t p = 0; p < parameters.size(); ++p) {
+      if (used[unit][p]) continue;
+      const int64_t begin = std::max(parameters[p].offset, shard_begin);
+      const int64_t end = std::min(parameters[p].offset + parameters[p].numel, shard_begin + shard_numel);
+      if (begin < end) unused_elements_[unit].emplace_back(begin - shard_begin, end - begin);
+    }
+  }
 }
 
 void ShardedModel::finish_backward() {
   Pause pause;
-  // A unit some of whose parameters got no gradient reduces too (zeros for those): every rank reduces every
-  // unit, so the collectives pair up whatever the graph left out.
+  for (size_t unit = 0; unit < units_.size(); ++unit) {
+    for (size_t p = 0; p < ready_[unit].size(); ++p) used_since_sync_[unit][p] |= ready_[unit][p];
+  }
+  if (gradient_sync_ && reducing_ >= 0) units_[std::exchange(reducing_, -1)]->finish_gradient_reduction();
+  // A unit some of whose parameters got no gradient here reduces too (zeros for those), in the same order as on
+  // every other rank, so the collectives pair up whatever each rank's graph left out.
   for (int unit = 0; unit < static_cast<int>(units_.size()); ++unit) complete_unit(unit);
-  for (auto& unit : units_) unit->finish_gradient_reduction();
+  if (gradient_sync_) {
+    launch_ready_reductions(/*one_in_flight=*/false);
+    // After every reduction has started, so that this all-reduce has the same place among the collectives on
+    // every rank.
+    const std::vector<std::vector<char>> used = agree_on_use();
+    for (size_t unit = 0; unit < units_.size(); ++unit) {
+      const bool any = std::any_of(used[unit].begin(), used[unit].end(), [](char flag) { return flag != 0; });
+      units_[unit]->finish_gradient_reduction(/*into_shard=*/any);
+    }
+    note_unused_elements(used);
+    for (auto& flags : used_since_sync_) std::fill(flags.begin(), flags.end(), 0);
+  }
   phase_ = Phase::kIdle;
   // What this backward read decides the next one's prefetches.
   read_in_backward_ = gathered_in_backward_;
@@ -243,6 +359,7 @@ void ShardedModel::reset_gradient_progress() {
   std::fill(gathered_in_backward_.begin(), gathered_in_backward_.end(), 0);
   backward_started_ = false;
   reducing_ = -1;
+  next_reduction_ = 0;
 }
 
 void ShardedModel::note_unsharded() {

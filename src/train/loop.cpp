@@ -21,6 +21,7 @@
 #include "tandem/ddp/join.h"
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/ddp/no_sync_guard.h"
+#include "tandem/fsdp/unused_parameters.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
@@ -190,7 +191,10 @@ void Run::open_records(int64_t batches_per_epoch) {
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   module_.train();
   if (callbacks_.on_epoch_start) {
-    comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] { callbacks_.on_epoch_start(epoch); });
+    comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] {
+      callbacks_.on_epoch_start(epoch);
+      refuse_placeholder_reads();
+    });
   }
   // Inside a resumed epoch the loader starts where the checkpoint's batches reach in the epoch's order, on this
   // run's layout: the samples before are never loaded. The epoch's steps are those before the resume and the
@@ -322,7 +326,11 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
   bool stepped = false;
   {
     monitor::TimelineSpan span(timeline_, monitor::SpanKind::kOptimizer);
-    stepped = scaler_.step(optimizer_);
+    if (fsdp_model_) {
+      fsdp::step_leaving_unused(fsdp_model_->sharded(), optimizer_, [&] { stepped = scaler_.step(optimizer_); });
+    } else {
+      stepped = scaler_.step(optimizer_);
+    }
     scaler_.update();
   }
   ++step_;
@@ -335,7 +343,14 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
                            seconds > 0 ? stats.samples / seconds : 0.0, stats.rank_seconds});
   }
   if (run_timeline_) run_timeline_->after_step(step_);
-  if (callbacks_.on_step) callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
+  if (callbacks_.on_step) {
+    callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
+    refuse_placeholder_reads();
+  }
+}
+
+void Run::refuse_placeholder_reads() {
+  if (fsdp_model_) fsdp_model_->sharded().rethrow_failure();
 }
 
 torch::Tensor Run::forward_for_training(const torch::Tensor& x) {

@@ -60,6 +60,9 @@ class Run {
   EpochProgress train_epoch(int epoch, EpochProgress progress);
   StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
   torch::Tensor forward_for_training(const torch::Tensor& x);
+  // After a callback: under fsdp, one that read the model's own tensors read placeholders (zeros), and this
+  // throws fsdp's line about it at once.
+  void refuse_placeholder_reads();
   StepStatistics shadow_step(int epoch, int64_t batch_index);
   void complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
                      std::chrono::steady_clock::time_point start);

@@ -49,7 +49,10 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
     records_->record_epoch(m);
   });
   if (callbacks_.on_epoch_end) {
-    comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] { callbacks_.on_epoch_end(m); });
+    comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] {
+      callbacks_.on_epoch_end(m);
+      refuse_placeholder_reads();
+    });
   }
   return m;
 }

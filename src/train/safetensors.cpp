@@ -10,6 +10,7 @@
 #include <set>
 #include <string_view>
 
+#include "tandem/fsdp/parameter_use_watch.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fault_injection.h"
@@ -272,6 +273,15 @@ std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::nn::
 
 void save_weights(const torch::nn::Module& module, const std::string& path,
                   const std::map<std::string, std::string>& metadata) {
+  // Between steps a module that fsdp shards holds placeholders, its values spread over the ranks' shards: this
+  // reads the tensors' memory, which no collective can fill on one rank alone.
+  for (const auto& entry : module.named_parameters()) {
+    if (fsdp::parameter_use_watch::holds_placeholder(entry.value())) {
+      throw InvalidArgument(path + ": cannot save " + entry.key() +
+                            ", which fsdp shards over the ranks (this rank holds a placeholder); gather the weights "
+                            "with full_parameters() on every rank and save those, or write a checkpoint");
+    }
+  }
   auto meta = metadata;
   meta.emplace("format", "pt");  // what Hugging Face tools expect from PyTorch weights
   save_safetensors(path, named_state(module), meta);

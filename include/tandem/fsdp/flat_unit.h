@@ -55,6 +55,9 @@ class FlatUnit {
   int64_t held_parameter_bytes() const;
   int64_t held_gradient_bytes() const;
 
+  // All-gathers this unit started since it was made: what a forward's gathers are counted by.
+  int64_t gathers_started() const { return gathers_started_; }
+
   // Starts the all-gather of every rank's shard into a new vector; does nothing while one is held or in
   // flight. A new vector each time: autograd may still hold views of the previous one (Linear saves its
   // weight transposed), whose values must not change under it.
@@ -71,9 +74,10 @@ class FlatUnit {
   // vector of the reduce dtype, drops them and starts the averaging reduce-scatter of that vector into this
   // rank's piece.
   void start_gradient_reduction();
-  // Waits for that reduce-scatter and adds the piece, as float32, into shard().grad(); does nothing if none was
-  // started.
-  void finish_gradient_reduction();
+  // Waits for that reduce-scatter and adds the piece, as float32, into shard().grad(), or drops it where
+  // `into_shard` is false (no rank used a parameter of the unit: its shard's gradient stays as it was); does
+  // nothing if none was started.
+  void finish_gradient_reduction(bool into_shard = true);
 
   // Collective: a copy of every parameter's full values, by name, gathered without touching the unit's state.
   std::vector<std::pair<std::string, torch::Tensor>> gather_copies();
@@ -98,6 +102,7 @@ class FlatUnit {
   torch::Tensor gathered_;     // while unsharded
   torch::Tensor in_flight_;    // the gather's output until it completed
   comm::WorkPtr gather_work_;
+  int64_t gathers_started_ = 0;
   torch::Tensor accumulated_;  // no_sync's gradients, flat, in the reduce dtype
   torch::Tensor reduction_input_, reduction_output_;
   comm::WorkPtr reduction_work_;

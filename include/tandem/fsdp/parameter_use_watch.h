@@ -22,6 +22,8 @@ class ParameterUser {
  public:
   virtual ~ParameterUser() = default;
   virtual void before_use(const std::vector<int>& units) = 0;
+  // Whether `unit`'s tensors hold placeholders now rather than their values (these live elsewhere, in shards).
+  virtual bool holds_placeholders(int unit) const = 0;
 };
 
 // Process-wide table of watched tensors, read by the observer on every thread where it is installed.
@@ -29,11 +31,18 @@ namespace parameter_use_watch {
 
 // Calls user->before_use({unit, ...}) before any operator takes `tensor` (this TensorImpl) as an input.
 void watch(const torch::Tensor& tensor, ParameterUser* user, int unit);
+// Whether `tensor` is watched and its owner holds a placeholder in it now: code that reads a tensor's memory
+// itself (a weights file) must refuse it, since the watch does not see such a read.
+bool holds_placeholder(const torch::Tensor& tensor);
 // Forgets every tensor of `user`.
 void forget(ParameterUser* user);
 // Installs the observer on the calling thread, once for the thread's life. A backward started from this thread
 // carries it to the autograd engine's threads (LibTorch hands its thread-local state to them).
 void install_on_this_thread();
+
+// Whether the calling thread runs an autograd node's backward now (as seen by the observer, so only where it is
+// installed): a retained graph's second backward comes when its owner thought the step over.
+bool in_backward();
 
 // Turns the watch off on this thread while it lives: for an owner's own work on its tensors.
 class Pause {

@@ -71,8 +71,18 @@ class ShardedModel : public ParameterUser {
   void set_gradient_sync(bool on) { gradient_sync_ = on; }
   bool gradient_sync() const { return gradient_sync_; }
 
+  // Per unit, the elements of this rank's shard, as (start, count), of the parameters that no rank gave a
+  // gradient since the last synchronising backward, where the unit's other parameters got one: the optimizer would
+  // move them on a zero gradient, and step_leaving_unused() (unused_parameters.h) keeps them.
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>>& unused_elements() const { return unused_elements_; }
+
   // Collective: every parameter's full values by its name in the module's state dict.
   std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
+
+  // Throws what was kept since the last call: a gather that failed, or an operator that read a parameter outside
+  // the forward and backward (the placeholders are read and nothing is gathered: a gather on one rank alone would
+  // wait for the others). The forward calls it, and so does the loop after each of its callbacks.
+  void rethrow_failure();
 
   HeldBytes held_bytes() const;
   // The most bytes of gathered and in-flight vectors held at once since the last reset.
@@ -83,11 +93,24 @@ class ShardedModel : public ParameterUser {
   enum class Phase { kIdle, kForward, kAfterForward };
 
   void before_use(const std::vector<int>& units) override;
+  bool holds_placeholders(int unit) const override;
+  // The forward moves from unit `from` to unit `to`: `from` is resharded, unless `to` runs nested in it (a float32
+  // unit split out of it), and so is the unit `from` is nested in, unless the forward stays within that one.
+  void leave_unit(int from, int to);
   void on_gradient_ready(int unit, size_t parameter);
   // Hooks every parameter's gradient accumulator, again where LibTorch replaced it: Tensor::set_data drops it
   // when a parameter's dtype changes, as under mixed precision a FullStateView's float32 values do.
   void hook_gradient_accumulators();
   void complete_unit(int unit);
+  // Starts the reductions of completed units in reduction_order_, up to the first unit not completed yet: every
+  // rank reduces the units in the same order, whichever of them got all their gradients on which rank. With
+  // `one_in_flight`, the previous reduction is waited for and added into its shard first.
+  void launch_ready_reductions(bool one_in_flight);
+  // Collective (an all-reduce of one flag per parameter): which parameters got a gradient on some rank since the
+  // last synchronising backward, in units_' order.
+  std::vector<std::vector<char>> agree_on_use();
+  // Where `used` marks some of a unit's parameters and not others, the others' elements in this rank's shard.
+  void note_unused_elements(const std::vector<std::vector<char>>& used);
   void finish_backward();
   void reset_gradient_progress();
   void note_unsharded();
@@ -97,13 +120,14 @@ class ShardedModel : public ParameterUser {
   void prefetch_for_backward(int unit);
   // The unit that ran `offset` places after `unit` in the last complete forward, or -1.
   int neighbour_in_order(int unit, int offset) const;
-  void rethrow_failure();
 
   comm::CommunicatorPtr communicator_;
   FsdpOptions options_;
   std::vector<std::unique_ptr<FlatUnit>> units_;
   std::unique_ptr<ddp::CoalescedBroadcaster> buffers_;
   std::vector<compat::GradReadyHook> hooks_;  // per unit and parameter, in order
+  // Per unit: the unit it runs nested in (a float32 unit split out of that one, MixedPrecision), or -1.
+  std::vector<int> nested_in_;
 
   Phase phase_ = Phase::kIdle;
   bool gradient_sync_ = true;
@@ -112,6 +136,10 @@ class ShardedModel : public ParameterUser {
   std::vector<int> previous_order_;   // the same for the last forward that used every unit
   std::vector<char> seen_;
   std::vector<std::vector<char>> ready_;
+  std::vector<std::vector<char>> used_since_sync_;  // per unit and parameter: got a gradient on this rank
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> unused_elements_;
+  std::vector<int> reduction_order_;  // the units' reduce-scatters, the reverse of the forward's order
+  size_t next_reduction_ = 0;         // in reduction_order_
   std::vector<size_t> ready_count_;
   std::vector<char> completed_;
   std::vector<char> gathered_in_backward_;  // units whose parameters this backward's formulas read
