@@ -140,8 +140,7 @@ void Run::wrap_model() {
   }
   if (options_.strategy == Strategy::kFsdp) {
     require_fsdp_optimizer(optimizer_, module_);
-    fsdp::FsdpOptions fsdp_options;
-    fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+    fsdp::FsdpOptions fsdp_options = options_.fsdp;
     // bf16-mixed and 16-mixed compute on bfloat16 and float16 parameters gathered from float32 shards; gradients
     // are reduced in float32, so the ranks' sum rounds no further than DDP's (docs/fsdp.md, "Mixed precision").
     // Autocast (in_precision) still runs around the forward, for the losses and norms it keeps in float32.
