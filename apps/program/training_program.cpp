@@ -60,7 +60,7 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("world size", std::to_string(world_size));
   line("device", o.device.str());
   if (o.strategy == Strategy::kFsdp) {
-    line("strategy", fmt::format("fsdp, {} after forward", o.reshard_after_forward ? "reshard" : "no reshard"));
+    line("strategy", fmt::format("fsdp, {} after forward", o.fsdp.reshard_after_forward ? "reshard" : "no reshard"));
   } else {
     line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
   }

@@ -41,6 +41,8 @@ ProcessGroup& default_group() {
   return *default_group_;
 }
 
+comm::CommunicatorPtr default_communicator() { return default_group_ ? default_group_->communicator_ptr() : nullptr; }
+
 int rank() { return default_group_ ? default_group_->layout().rank : 0; }
 int world_size() { return default_group_ ? default_group_->layout().world_size : 1; }
 int local_rank() { return default_group_ ? default_group_->layout().local_rank : 0; }

@@ -1,5 +1,8 @@
 #include "tandem/fsdp/unit_plan.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
@@ -10,6 +13,12 @@ namespace tandem::fsdp {
 namespace {
 
 using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// "tandem::nn::BasicBlockImpl" -> "BasicBlockImpl"
+std::string last_component(const std::string& type) {
+  const size_t colon = type.rfind("::");
+  return colon == std::string::npos ? type : type.substr(colon + 2);
+}
 
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -109,14 +118,37 @@ std::vector<UnitSpec> split_float32_modules(torch::nn::Module& root, std::vector
   return result;
 }
 
+// A name of `policy.module_types` that no module under the root is: a typo would otherwise leave the model in
+// one root unit, which trains, only without the sharding the policy asked for.
+void require_every_type_present(torch::nn::Module& root, const UnitPolicy& policy) {
+  const auto modules = root.named_modules("", /*include_self=*/false);
+  for (const std::string& name : policy.module_types) {
+    const bool present = std::any_of(modules.begin(), modules.end(),
+                                     [&](const auto& entry) { return module_type_matches(*entry.value(), {name}); });
+    if (present) continue;
+    std::vector<std::string> types;
+    for (const auto& entry : modules) {
+      const std::string type = short_type_name(*entry.value());
+      if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
+    }
+    throw InvalidArgument(fmt::format("fsdp unit policy module_types names '{}', which no module of the model is; "
+                                      "its modules are of the types {}",
+                                      name, types.empty() ? "(none: the model has no submodules)"
+                                                          : fmt::format("{}", fmt::join(types, ", "))));
+  }
+}
+
 }  // namespace
+
+std::string short_type_name(const torch::nn::Module& module) {
+  const std::string last = last_component(module.name());
+  return last.size() > 4 && last.compare(last.size() - 4, 4, "Impl") == 0 ? last.substr(0, last.size() - 4) : last;
+}
 
 bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names) {
   const std::string& full = module.name();
-  const size_t colon = full.rfind("::");
-  const std::string last = colon == std::string::npos ? full : full.substr(colon + 2);
-  const std::string bare =
-      last.size() > 4 && last.compare(last.size() - 4, 4, "Impl") == 0 ? last.substr(0, last.size() - 4) : last;
+  const std::string last = last_component(full);
+  const std::string bare = short_type_name(module);
   return std::any_of(names.begin(), names.end(),
                      [&](const std::string& name) { return name == full || name == last || name == bare; });
 }
@@ -130,6 +162,7 @@ std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& poli
     throw InvalidArgument("fsdp unit policy min_parameters is " + std::to_string(*policy.min_parameters) +
                           "; it must be at least 1");
   }
+  require_every_type_present(root, policy);
   Planner planner;
   if (policy.min_parameters) {
     planner.by_size("", root, *policy.min_parameters, /*is_root=*/true);

@@ -70,6 +70,15 @@ const char* kSupportedOptimizers = "torch::optim::SGD, Adam, AdamW or RMSprop";
 
 }  // namespace
 
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> unique;
+  std::set<const void*> seen;
+  for (const auto& parameter : module.parameters()) {
+    if (seen.insert(parameter.unsafeGetTensorImpl()).second) unique.push_back(parameter);
+  }
+  return unique;
+}
+
 void require_fsdp_optimizer(const torch::optim::Optimizer& optimizer, torch::nn::Module& module) {
   const bool supported = dynamic_cast<const torch::optim::SGD*>(&optimizer) ||
                          dynamic_cast<const torch::optim::Adam*>(&optimizer) ||
@@ -111,7 +120,7 @@ void shard_optimizer(fsdp::ShardedModel& model, torch::nn::Module& module, torch
 }
 
 FullStateView::FullStateView(fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer)
-    : model_(model), optimizer_(optimizer), module_parameters_(module.parameters()) {
+    : model_(model), optimizer_(optimizer), module_parameters_(unique_parameters(module)) {
   torch::NoGradGuard no_grad;
   // The forward leaves its last unit gathered (an evaluation's until the next forward): every parameter is a
   // placeholder first, so that the sharded model's own reshard has nothing left to undo.

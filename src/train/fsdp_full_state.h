@@ -23,6 +23,11 @@
 
 namespace tandem::train {
 
+// The module's parameters as a plain optimizer holds them: each tensor once, in the module's order. LibTorch's
+// parameters() lists a tensor registered in two modules (a tied weight) under each of its names, where PyTorch's
+// lists it once; an optimizer's archive with a tensor twice loads into a null state for it.
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
+
 // Throws InvalidArgument, one line, unless `optimizer` is of a kind whose state FullStateView can cut (SGD,
 // Adam, AdamW, RMSprop) and holds one param group of exactly `module`'s parameters.
 void require_fsdp_optimizer(const torch::optim::Optimizer& optimizer, torch::nn::Module& module);
@@ -51,7 +56,7 @@ class FullStateView {
   fsdp::parameter_use_watch::Pause pause_;
   fsdp::ShardedModel& model_;
   torch::optim::Optimizer& optimizer_;
-  std::vector<torch::Tensor> module_parameters_;          // in the module's order: the plain optimizer's
+  std::vector<torch::Tensor> module_parameters_;          // unique_parameters(): the plain optimizer's
   std::vector<std::vector<torch::Tensor>> placeholders_;  // per unit and parameter, what the sharded module held
   // Per unit, the shard's state, taken out of the optimizer while the module's parameters hold theirs.
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> shard_states_;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "checkpoint_file.h"
 #include "checkpoint_fields.h"
+#include "fsdp_full_state.h"
 #include "optimizer_state_fields.h"
 #include "sharded_checkpoint.h"
 #include "tandem/fsdp/parameter_use_watch.h"
@@ -43,6 +45,29 @@ std::vector<Overlap> overlaps(const FlatUnit& unit, int rank, int world) {
   return out;
 }
 
+// Every name of each unit parameter in the module's state dict, the unit's own first. A tied tensor (registered in
+// two modules) is one parameter of one unit; the checkpoint holds its values and its state under each of its
+// names, as PyTorch's state dict does, so that whatever reads it (a DDP run, `init_weights`) finds every name of
+// the model.
+class TensorNames {
+ public:
+  explicit TensorNames(const torch::nn::Module& module) {
+    for (const auto& item : module.named_parameters()) names_[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  }
+  std::vector<std::string> of(const FlatUnit::Parameter& parameter) const {
+    std::vector<std::string> names = {parameter.name};
+    auto found = names_.find(parameter.tensor.unsafeGetTensorImpl());
+    if (found == names_.end()) return names;
+    for (const std::string& name : found->second) {
+      if (name != parameter.name) names.push_back(name);
+    }
+    return names;
+  }
+
+ private:
+  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names_;
+};
+
 const ParamState* shard_state(const FlatUnit& unit, const torch::optim::Optimizer& optimizer) {
   const auto& states = optimizer.state();
   auto found = states.find(compat::optimizer_state_key(unit.shard()));
@@ -67,7 +92,7 @@ std::vector<std::pair<std::string, torch::Tensor>> defined_fields(const ParamSta
 class ParameterView {
  public:
   ParameterView(const fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer)
-      : model_(model), optimizer_(optimizer), module_parameters_(module.parameters()) {
+      : model_(model), optimizer_(optimizer), module_parameters_(unique_parameters(module)) {
     auto& states = optimizer_.state();
     shards_ = optimizer_.param_groups().front().params();
     for (const auto& unit : model_.units()) {
@@ -122,29 +147,33 @@ class ParameterView {
   std::vector<std::unique_ptr<ParamState>> shard_states_;
 };
 
-// Every tensor of the checkpoint with the pieces of every rank: parameters, then their state fields.
-ShardedIndex index_of(const std::string& path, const fsdp::ShardedModel& model,
+// Every tensor of the checkpoint with the pieces of every rank: parameters, then their state fields, each under
+// every name of its parameter.
+ShardedIndex index_of(const std::string& path, const fsdp::ShardedModel& model, const torch::nn::Module& module,
                       const torch::optim::Optimizer& optimizer) {
+  const TensorNames names_of(module);
   ShardedIndex index;
   const int world = world_of(model);
   index.world_size = world;
   for (int r = 0; r < world; ++r) index.files.push_back(shard_file_name(path, r, world));
   for (const auto& unit : model.units()) {
     index.units.push_back({unit->name(), unit->numel(), unit->padded_numel()});
-    std::vector<std::string> names = {""};  // "": the parameter itself
-    for (const auto& [field, tensor] : defined_fields(shard_state(*unit, optimizer))) names.push_back(field);
-    for (const std::string& field : names) {
+    std::vector<std::string> fields = {""};  // "": the parameter itself
+    for (const auto& [field, tensor] : defined_fields(shard_state(*unit, optimizer))) fields.push_back(field);
+    for (const std::string& field : fields) {
       for (const FlatUnit::Parameter& parameter : unit->parameters()) {
-        ShardedTensor tensor{field.empty() ? parameter.name : optimizer_state_name(parameter.name, field),
-                             parameter.shape, "F32", unit->name(), {}};
+        std::vector<ShardPiece> pieces;
         for (int r = 0; r < world; ++r) {
           for (const Overlap& overlap : overlaps(*unit, r, world)) {
             if (overlap.parameter != &parameter) continue;
-            tensor.pieces.push_back({index.files[r], overlap.unit_begin - parameter.offset,
-                                     overlap.unit_end - parameter.offset, overlap.unit_begin, overlap.unit_end});
+            pieces.push_back({index.files[r], overlap.unit_begin - parameter.offset,
+                              overlap.unit_end - parameter.offset, overlap.unit_begin, overlap.unit_end});
           }
         }
-        index.tensors.push_back(std::move(tensor));
+        for (const std::string& name : names_of.of(parameter)) {
+          index.tensors.push_back({field.empty() ? name : optimizer_state_name(name, field), parameter.shape, "F32",
+                                   unit->name(), pieces});
+        }
       }
     }
   }
@@ -153,8 +182,9 @@ ShardedIndex index_of(const std::string& path, const fsdp::ShardedModel& model,
 
 }  // namespace
 
-void write_fsdp_shard_file(const std::string& path, const fsdp::ShardedModel& model,
+void write_fsdp_shard_file(const std::string& path, const fsdp::ShardedModel& model, const torch::nn::Module& module,
                            const torch::optim::Optimizer& optimizer) {
+  const TensorNames names_of(module);
   const int rank = rank_of(model), world = world_of(model);
   std::vector<std::pair<std::string, torch::Tensor>> pieces;
   for (const auto& unit : model.units()) {
@@ -164,9 +194,9 @@ void write_fsdp_shard_file(const std::string& path, const fsdp::ShardedModel& mo
       const auto cut = [&](const torch::Tensor& flat) {
         return flat.detach().narrow(0, overlap.unit_begin - shard_begin, overlap.unit_end - overlap.unit_begin);
       };
-      pieces.emplace_back(overlap.parameter->name, cut(unit->shard()));
-      for (const auto& [field, tensor] : fields) {
-        pieces.emplace_back(optimizer_state_name(overlap.parameter->name, field), cut(tensor));
+      for (const std::string& name : names_of.of(*overlap.parameter)) {
+        pieces.emplace_back(name, cut(unit->shard()));
+        for (const auto& [field, tensor] : fields) pieces.emplace_back(optimizer_state_name(name, field), cut(tensor));
       }
     }
   }
@@ -178,7 +208,7 @@ void write_fsdp_checkpoint_file(const std::string& path, const fsdp::ShardedMode
                                 const ExtraState& extra) {
   CheckpointContents contents;
   contents.format = kShardedCheckpointFormat;
-  contents.metadata = write_index(path, index_of(path, model, optimizer));
+  contents.metadata = write_index(path, index_of(path, model, module, optimizer));
   for (const auto& item : module.named_buffers()) contents.model.emplace_back(item.key(), item.value().detach());
   {
     fsdp::parameter_use_watch::Pause pause;

@@ -18,8 +18,9 @@
 
 namespace tandem::train {
 
-// Every rank, no communication: this rank's file of the checkpoint at `path`.
-void write_fsdp_shard_file(const std::string& path, const fsdp::ShardedModel& model,
+// Every rank, no communication: this rank's file of the checkpoint at `path`. A parameter that `module` registers
+// under several names (a tied weight) is written under each, as a state dict holds it.
+void write_fsdp_shard_file(const std::string& path, const fsdp::ShardedModel& model, const torch::nn::Module& module,
                            const torch::optim::Optimizer& optimizer);
 // Rank 0, once every rank's file is written: the index, then the checkpoint file itself (which completes it).
 // `optimizer` (shard_optimizer's) is pointed at the module's parameters for the moment it is saved.

@@ -5,11 +5,16 @@
 #include "tandem/train/loop.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "fsdp_full_state.h"
 #include "run.h"
@@ -40,6 +45,26 @@ amp::GradScalerOptions scaler_options(const LoopOptions& options) {
 }
 
 int world_size_of(const comm::CommunicatorPtr& communicator) { return communicator ? communicator->world_size() : 1; }
+
+// LibTorch's Module::parameters() lists a tensor registered in two modules (a tied weight) under each of its
+// names, where PyTorch's lists it once: an optimizer built over it would step that tensor twice a step, and its
+// archive, holding the tensor twice, loads back a null state for it (a crash in the next step after a resume).
+void require_each_tensor_once(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
+  std::map<const void*, std::vector<std::string>> names;
+  for (const auto& item : module.named_parameters()) names[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  std::set<const void*> held;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      if (held.insert(parameter.unsafeGetTensorImpl()).second) continue;
+      const std::vector<std::string>& its = names[parameter.unsafeGetTensorImpl()];
+      throw InvalidArgument(fmt::format(
+          "the optimizer holds {} twice{}: build the optimizer over each tensor once (Module::parameters() lists "
+          "a tensor registered in two modules, a tied weight, under each of its names)",
+          its.empty() ? "a tensor" : fmt::format("the model's '{}'", its.front()),
+          its.size() < 2 ? "" : fmt::format(" (it is '{}' too)", fmt::join(its.begin() + 1, its.end(), "', '"))));
+    }
+  }
+}
 
 // Checked before any member is built from them: the schedule and the scaler take the options as valid.
 const LoopOptions& validated(const LoopOptions& options, int world_size) {
@@ -78,6 +103,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
   }
   for (auto& group : optimizer_.param_groups()) user_lrs_.push_back(group.options().get_lr());
   if (user_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
+  require_each_tensor_once(optimizer_, module_);
   scale_base_lrs();
   if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
   if (options_.uneven_inputs) ddp::Join::require_joinable(module_);
@@ -141,8 +167,7 @@ void Run::wrap_model() {
   }
   if (options_.strategy == Strategy::kFsdp) {
     require_fsdp_optimizer(optimizer_, module_);
-    fsdp::FsdpOptions fsdp_options;
-    fsdp_options.reshard_after_forward = options_.reshard_after_forward;
+    fsdp::FsdpOptions fsdp_options = options_.fsdp;
     // bf16-mixed and 16-mixed compute on bfloat16 and float16 parameters gathered from float32 shards; gradients
     // are reduced in float32, so the ranks' sum rounds no further than DDP's (docs/fsdp.md, "Mixed precision").
     // Autocast (in_precision) still runs around the forward, for the losses and norms it keeps in float32.

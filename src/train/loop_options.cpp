@@ -60,6 +60,11 @@ void validate(const LoopOptions& options, int world_size) {
                                       "its gradients itself: drop `comm_hook`, or use `strategy` ddp",
                                       options.comm_hook));
   }
+  const fsdp::MixedPrecision& fsdp_precision = options.fsdp.mixed_precision;
+  if (fsdp_precision.param_dtype != torch::kFloat32 || fsdp_precision.reduce_dtype) {
+    throw InvalidArgument("fsdp.mixed_precision's dtypes follow `precision`: leave them float32 and set `precision` "
+                          "bf16-mixed or 16-mixed, which gathers bfloat16 or float16 parameters and reduces in float32");
+  }
   if (options.checkpoint_format == CheckpointFormat::kSharded && options.strategy != Strategy::kFsdp) {
     throw InvalidArgument("`checkpoint_format` sharded needs `strategy` fsdp: only fsdp's ranks hold shards to write; "
                           "drop `checkpoint_format`, or use `strategy` fsdp");

@@ -168,7 +168,7 @@ void Run::write_checkpoint(const CheckpointState& state) {
   // Every rank's pieces are in place before rank 0 writes the file that completes the checkpoint.
   if (in_pieces) {
     comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint",
-                           [&] { write_fsdp_shard_file(path, fsdp_model_->sharded(), optimizer_); });
+                           [&] { write_fsdp_shard_file(path, fsdp_model_->sharded(), module_, optimizer_); });
   }
   // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
   std::optional<FullStateView> full;

@@ -153,6 +153,21 @@ TEST(FsdpFeatures, DefaultUnitsAreTheRootsChildrenAndPoliciesCutOthers) {
   }
 }
 
+// A type that no module is (a typo, a ResNet block named for the CNN) would leave its modules to the root unit,
+// and the model would train in fewer, larger units than asked, without a word: refused at construction, naming it
+// and the types the model has.
+TEST(FsdpFeatures, AModuleTypeThatNoModuleIsIsRefusedAtConstruction) {
+  fsdp::FsdpOptions options;
+  options.units.module_types = {"Conv2d", "BasicBlock"};
+  try {
+    fsdp::FullyShardedDataParallel<nn::CnnNet> model(make_cnn(1), nullptr, options);
+    ADD_FAILURE() << "a policy naming a type the CNN lacks was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_STREQ(error.what(), "fsdp unit policy module_types names 'BasicBlock', which no module of the model is; "
+                               "its modules are of the types Conv2d, MaxPool2d, Linear");
+  }
+}
+
 // What the units hold right after forward, before backward: one unit (and the prefetch of the one backward
 // needs next) when resharding, every unit when not.
 TEST(FsdpFeatures, ForwardFreesUnitsOnlyWhenResharding) {

@@ -123,5 +123,24 @@ TEST(FsdpLoop, OptimizerWhoseStateItCannotCutIsRefused) {
   });
 }
 
+// LoopOptions::fsdp is the wrapper's own options, but its dtypes are `precision`'s: one setting, in one place.
+TEST(FsdpLoop, MixedPrecisionDtypesSetBesidePrecisionAreRefused) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  LoopOptions options;
+  options.run_dir = testing::make_temp_dir("fsdp_loop_dtypes");
+  options.progress = false;
+  options.strategy = Strategy::kFsdp;
+  options.fsdp.mixed_precision.param_dtype = torch::kBFloat16;
+  try {
+    Loop(options, nullptr).fit(net, optimizer, testing::separable_set(32, 7), nullptr);
+    ADD_FAILURE() << "fsdp's param_dtype was set beside `precision`";
+  } catch (const InvalidArgument& refusal) {
+    EXPECT_STREQ(refusal.what(), "fsdp.mixed_precision's dtypes follow `precision`: leave them float32 and set "
+                                 "`precision` bf16-mixed or 16-mixed, which gathers bfloat16 or float16 parameters "
+                                 "and reduces in float32");
+  }
+}
+
 }  // namespace
 }  // namespace tandem::train::fsdp_loop

@@ -1,11 +1,14 @@
 // train::Loop's sharded checkpoints (LoopOptions::checkpoint_format kSharded) for every optimizer fsdp cuts: a run
 // stopped inside an epoch continues from its pieces bit for bit on the same world size; on one rank, and under
 // DDP (which gathers the pieces whole), it continues exactly as it does from the full-state checkpoint of the same
-// step, so every state field and scalar (Adam's step, RMSprop's averages) came back.
+// step, so every state field and scalar (Adam's step, RMSprop's averages) came back. The index records the units
+// that LoopOptions::fsdp's policy cut.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/optim.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -100,6 +103,43 @@ TEST_P(FsdpShardedLoop, ContinuesItsPiecesAsTheFullStateOnAnyLayout) {
   expect_equal(fit(kind, one, one_full, 50, 0), fit(kind, one, one_sharded, 60, 0), "1 rank");
   const Layout ddp{2, Strategy::kDdp, CheckpointFormat::kFull};
   expect_equal(fit(kind, ddp, ddp_full, 50, 0), fit(kind, ddp, ddp_sharded, 60, 0), "ddp");
+}
+
+// The units the loop cut, as the index of its one-step sharded checkpoint records them, under `units`.
+std::vector<std::string> units_cut(const fsdp::UnitPolicy& units, const std::string& name) {
+  std::vector<torch::nn::Sequential> nets;
+  for (int rank = 0; rank < 2; ++rank) {
+    nets.push_back(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2)));
+  }
+  const std::string run_dir = testing::make_temp_dir(name);
+  auto train_set = testing::separable_set(32, 7);
+  testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
+    torch::optim::SGD optimizer(nets[rank]->parameters(), torch::optim::SGDOptions(0.1));
+    LoopOptions options;
+    options.epochs = 1;
+    options.batch_size = 8;
+    options.max_steps = 1;
+    options.run_dir = run_dir;
+    options.progress = false;
+    options.strategy = Strategy::kFsdp;
+    options.checkpoint_format = CheckpointFormat::kSharded;
+    options.fsdp.units = units;
+    Loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}))
+        .fit(nets[rank], optimizer, train_set, nullptr);
+  });
+  std::ifstream index(run_dir + "/checkpoint-0000-00000001.index.json");
+  EXPECT_TRUE(index.good()) << "no index in " << run_dir;
+  const nlohmann::json parsed = nlohmann::json::parse(index);
+  std::vector<std::string> names;
+  for (const auto& unit : parsed.at("units")) names.push_back(unit.at("name").get<std::string>());
+  return names;
+}
+
+TEST(FsdpShardedLoopUnits, TheLoopCutsTheUnitsItsPolicyNames) {
+  EXPECT_EQ(units_cut({}, "fsdp_units_default"), (std::vector<std::string>{"0", "2"})) << "each child a unit";
+  fsdp::UnitPolicy by_size;
+  by_size.min_parameters = 1000;  // more than the model holds: all in the root unit
+  EXPECT_EQ(units_cut(by_size, "fsdp_units_by_size"), (std::vector<std::string>{""}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, FsdpShardedLoop, ::testing::ValuesIn(testing::stateful_optimizer_cases()),

@@ -55,6 +55,9 @@ void destroy_process_group();
 bool is_initialized();
 // Throws InvalidArgument if init_process_group() has not run.
 ProcessGroup& default_group();
+// What the wrappers' constructors without a communicator use (DistributedDataParallel, FullyShardedDataParallel):
+// the default group's communicator, or null (a world of one) before init_process_group().
+comm::CommunicatorPtr default_communicator();
 
 int rank();
 int world_size();

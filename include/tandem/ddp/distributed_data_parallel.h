@@ -31,7 +31,7 @@ class DistributedDataParallel {
  public:
   // Uses the process group of init_process_group(), or a world of one if none was initialised.
   explicit DistributedDataParallel(ModuleType module, DdpOptions options = {})
-      : DistributedDataParallel(std::move(module), default_communicator(), std::move(options)) {}
+      : DistributedDataParallel(std::move(module), tandem::default_communicator(), std::move(options)) {}
 
   // `communicator` may be null (a world of one); it must outlive this object.
   DistributedDataParallel(ModuleType module, comm::CommunicatorPtr communicator, DdpOptions options = {})
@@ -76,9 +76,6 @@ class DistributedDataParallel {
   Reducer& reducer() { return *reducer_; }
 
  private:
-  static comm::CommunicatorPtr default_communicator() {
-    return is_initialized() ? default_group().communicator_ptr() : nullptr;
-  }
   const torch::nn::Module& base() const { return *module_; }
   torch::nn::Module& base() { return *module_; }
 

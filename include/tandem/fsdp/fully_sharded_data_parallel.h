@@ -3,7 +3,7 @@
 // unit's parameters, gradients and optimizer state; a unit's parameters are gathered just before its operators
 // run and freed after, and its gradients are reduce-scattered, averaged, into the shards.
 //
-//   tandem::fsdp::FullyShardedDataParallel<Net> model(Net(), communicator);   // collective
+//   tandem::fsdp::FullyShardedDataParallel<Net> model(Net());                // collective, the default group
 //   torch::optim::AdamW optimizer(model.parameters(), 1e-3);                 // steps on the shards
 //   loss_fn(model(x), y).backward();                                         // shard grads averaged over ranks
 //   tandem::fsdp::clip_grad_norm(model.sharded(), 1.0);                      // optional
@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/comm/process_group.h"
 #include "tandem/fsdp/fsdp_options.h"
 #include "tandem/fsdp/sharded_model.h"
 
@@ -29,6 +30,11 @@ namespace tandem::fsdp {
 template <typename ModuleType>
 class FullyShardedDataParallel {
  public:
+  // Collective, on the process group of init_process_group(), or a world of one if none was initialised (as
+  // DistributedDataParallel's).
+  explicit FullyShardedDataParallel(ModuleType module, FsdpOptions options = {})
+      : FullyShardedDataParallel(std::move(module), tandem::default_communicator(), std::move(options)) {}
+
   // Collective. `communicator` may be null (a world of one); it must outlive this object. Move the model to its
   // device first: the shards are made next to the parameters.
   FullyShardedDataParallel(ModuleType module, comm::CommunicatorPtr communicator, FsdpOptions options = {})

@@ -20,7 +20,9 @@ struct UnitSpec {
 };
 
 // Every parameter of `root` lands in exactly one unit (a tensor registered twice, in the first that has it);
-// units without parameters are left out, the root unit comes last. Refuses a policy that sets both fields.
+// units without parameters are left out, the root unit comes last. Refuses (InvalidArgument, one line) a policy
+// that sets both fields, and one whose module_types names a type that no module under `root` is, listing the
+// types it has.
 // Then each module whose type is among `float32_module_types` leaves the unit the policy put it in for a unit of
 // its own, marked keeps_float32, placed after that unit.
 std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy,
@@ -28,5 +30,7 @@ std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& poli
 
 // Whether a module's type is one of `names` (as UnitPolicy::module_types reads them).
 bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names);
+// The shortest name module_type_matches takes for a module's type: "BasicBlock" for tandem::nn::BasicBlockImpl.
+std::string short_type_name(const torch::nn::Module& module);
 
 }  // namespace tandem::fsdp

@@ -11,6 +11,7 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/amp/precision.h"
 #include "tandem/ddp/powersgd_hook.h"
+#include "tandem/fsdp/fsdp_options.h"
 #include "tandem/monitor/timeline.h"
 
 namespace tandem::train {
@@ -26,7 +27,7 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 // DistributedDataParallel. kDataParallel: one process, the model replicated over LoopOptions::dp_devices in
 // threads (dp/data_parallel.h); batch_size is then the whole step's batch, split among the replicas. kFsdp: one
 // process per device as kDdp, each rank holding one shard of every parameter, gradient and optimizer state
-// (fsdp/fully_sharded_data_parallel.h, each direct child of the model a unit). The loop points the optimizer (SGD,
+// (fsdp/fully_sharded_data_parallel.h, with LoopOptions::fsdp). The loop points the optimizer (SGD,
 // Adam, AdamW or RMSprop, one param group of every parameter) at the shards for the run and back at the model's
 // parameters, with the full state, at its end; checkpoints hold the full state, or with kSharded
 // checkpoint_format each rank its pieces (docs/fsdp.md). bf16-mixed and 16-mixed compute on bfloat16 or float16
@@ -99,9 +100,11 @@ struct LoopOptions {
   amp::Precision precision = amp::Precision::kFloat32;
   amp::GradScalerOptions grad_scaler;
   Strategy strategy = Strategy::kDdp;
-  // kFsdp: free each unit's gathered parameters after its forward and gather them again in backward (ZeRO-3);
-  // false keeps them from forward to backward (more memory, one all-gather fewer per unit and step).
-  bool reshard_after_forward = true;
+  // kFsdp's wrapper, as fsdp/fsdp_options.h has it: `units` (which modules are units: each direct child of the
+  // model by default), reshard_after_forward (ZeRO-3's freeing of each unit after its forward), broadcast_buffers,
+  // and mixed_precision's float32_module_types. mixed_precision's dtypes are `precision`'s to set (bf16-mixed and
+  // 16-mixed gather bfloat16 or float16 parameters and reduce in float32), so they stay float32 here.
+  fsdp::FsdpOptions fsdp;
   // kDataParallel's replicas, the first on `device`; empty: one per visible GPU where device is a GPU, else as
   // many CPU replicas as this process has intra-op threads.
   std::vector<torch::Device> dp_devices;
