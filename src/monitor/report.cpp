@@ -172,6 +172,28 @@ std::string render_report(const RunRecords& records) {
   return html;
 }
 
+namespace {
+
+// The page replaces html_path whole: in the run dir, anything but its own report.html is the run's (a checkpoint,
+// metrics.jsonl, weights), which nothing would bring back. The parent folders are resolved, the name itself is
+// not: a link in the output's place is replaced as a link, never written through.
+void require_not_a_run_file(const std::string& run_dir, const std::string& html_path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path output = fs::absolute(html_path, error);
+  const fs::path resolved = fs::weakly_canonical(output.parent_path(), error) / output.filename();
+  const fs::path run = fs::weakly_canonical(run_dir, error);
+  if (error || !fs::exists(fs::symlink_status(resolved))) return;
+  const fs::path inside = resolved.lexically_relative(run);
+  const bool in_run_dir = !inside.empty() && *inside.begin() != ".." && inside != ".";
+  if (!in_run_dir || inside == "report.html") return;
+  throw InvalidArgument(fmt::format("{} is the run's own file {} (in {}): the report would replace it; write the "
+                                    "report to a file outside the run dir, or to its report.html",
+                                    html_path, inside.string(), run_dir));
+}
+
+}  // namespace
+
 void write_report(const std::string& run_dir, const std::string& html_path) {
   // A file is the likelier mistake for a run directory (its metrics.jsonl, or an old report.html): say so, where
   // read_run_records would say only that no run directory is there.
@@ -180,6 +202,7 @@ void write_report(const std::string& run_dir, const std::string& html_path) {
                                       "(`run_dir`, or one under runs/)",
                                       run_dir));
   }
+  require_not_a_run_file(run_dir, html_path);
   write_file_atomically(html_path, render_report(read_run_records(run_dir)));
 }
 

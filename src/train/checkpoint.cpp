@@ -81,8 +81,10 @@ std::vector<TensorEntry> entries_of(const NamedTensors& tensors) {
 
 // What is wrong with `file`, read from `path`, as a checkpoint: not one at all, or the header or the first entry
 // whose bytes do not match their checksum; "" when it is whole. Formats before checksums are whole if they
-// read. A sharded checkpoint's other files are checked too, one entry at a time.
-std::string damage_of(const TensorFile& file, const std::string& path) {
+// read. With `parts`, a sharded checkpoint's other files are checked too, one entry at a time: the run dir's
+// search does that once, on rank 0; a rank that loads it checks the pieces it reads as it reads them, so that no
+// rank reads every rank's file.
+std::string damage_of(const TensorFile& file, const std::string& path, bool parts = true) {
   const std::string format = optional_meta(file, "format", "");
   if (format == kSecondFormat || format == kFirstFormat) return "";
   if (format != kCheckpointFormat && format != kShardedCheckpointFormat) return not_a_checkpoint(path);
@@ -90,7 +92,9 @@ std::string damage_of(const TensorFile& file, const std::string& path) {
   for (const auto& [name, tensor] : file.tensors) {
     if (damage.empty()) damage = entry_damage(name, tensor, file.metadata, path);
   }
-  if (damage.empty() && format == kShardedCheckpointFormat) damage = sharded_checkpoint_damage(path, file.metadata);
+  if (parts && damage.empty() && format == kShardedCheckpointFormat) {
+    damage = sharded_checkpoint_damage(path, file.metadata);
+  }
   return damage;
 }
 
@@ -125,6 +129,29 @@ void check_same_libtorch(const TensorFile& file, const std::string& path) {
                                       "LibTorch, or start a new run",
                                       path, written_by.empty() ? "?" : written_by, TORCH_VERSION_MAJOR));
   }
+}
+
+// LibTorch's archive hands each parameter the state saved at its position without looking at its shape: an archive
+// whose fingerprint matches but whose tensors do not fit (written by a tool that is not tandem, or for other
+// parameters) would step with tensors of another shape, broadcast or cut. Returns which state does not fit its
+// parameter, or "". A user optimizer's state is its own to check.
+std::string state_shape_misfit(torch::optim::Optimizer& optimizer) {
+  const auto& states = optimizer.state();
+  size_t position = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& parameter : group.params()) {
+      const auto found = states.find(compat::optimizer_state_key(parameter));
+      ++position;
+      if (found == states.end() || !has_state_fields(*found->second)) continue;
+      for (const torch::Tensor& field : state_tensors(*found->second)) {
+        if (field.defined() && !field.sizes().equals(parameter.sizes())) {
+          return fmt::format("of parameter {} is a tensor of shape [{}], the parameter's is [{}]", position,
+                             fmt::join(field.sizes(), ", "), fmt::join(parameter.sizes(), ", "));
+        }
+      }
+    }
+  }
+  return "";
 }
 
 // tandem-checkpoint-1 held SGD momentum buffers by parameter name, the only optimizer tandem had then.
@@ -314,7 +341,7 @@ TensorFile read_checkpoint_file(const std::string& path) {
   } catch (const InvalidArgument& unreadable) {
     throw_unusable(unreadable.what(), path);
   }
-  const std::string damage = damage_of(file, path);
+  const std::string damage = damage_of(file, path, /*parts=*/false);
   if (!damage.empty()) throw_unusable(damage, path);
   return file;
 }
@@ -367,6 +394,8 @@ void restore_optimizer(const TensorFile& file, const std::string& path, torch::o
   for (size_t g = 0; g < groups.size() && g < current_options.size(); ++g) {
     groups[g].set_options(std::move(current_options[g]));
   }
+  const std::string misfit = state_shape_misfit(optimizer);
+  if (!misfit.empty()) throw_unusable(fmt::format("{}: the optimizer state {} (the file is damaged)", path, misfit), path);
 }
 
 void read_extra(const TensorFile& file, ExtraState& extra) {

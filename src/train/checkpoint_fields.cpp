@@ -31,6 +31,8 @@ const Field<CheckpointState> kStateFields[] = {
     {"lr", &CheckpointState::lr},
     {"base_lr", &CheckpointState::base_lr},
     {"initial_batch_size", &CheckpointState::initial_batch_size, "0"},
+    {"initial_accumulate_batches", &CheckpointState::initial_accumulate_batches, "0"},
+    {"accumulate_batches", &CheckpointState::accumulate_batches, "0"},
     {"lrf", &CheckpointState::lrf},
     {"warmup_steps", &CheckpointState::warmup_steps, "0"},
     {"epochs", &CheckpointState::epochs},

@@ -42,6 +42,7 @@ void write_checkpoint_file(const std::string& path, const torch::nn::Module& mod
                            const CheckpointContents& contents, const CheckpointState& state, const ExtraState& extra);
 
 // The main file at `path`, read whole and checked against its checksums; InvalidArgument (throw_unusable) when not.
+// A sharded checkpoint's other files are left to the reader of its pieces (ShardedCheckpointReader).
 TensorFile read_checkpoint_file(const std::string& path);
 CheckpointState read_state(const TensorFile& file, const std::string& path);
 // The model tensors a checkpoint holds (names without "model.") against `module`'s: one line naming both models

@@ -91,6 +91,7 @@ Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::Commu
       train_set_(std::move(train_set)),
       eval_set_(std::move(eval_set)),
       initial_batch_size_(options_.batch_size),
+      initial_accumulate_batches_(options_.accumulate_batches),
       schedule_(1.0, options.lrf, options.epochs, options.warmup_steps),
       autocast_dtype_(amp::autocast_dtype(options.precision)),
       scaler_(scaler_options(options), communicator_ptr_) {
@@ -385,9 +386,12 @@ torch::Tensor Run::forward_for_training(const torch::Tensor& x) {
   return x.size(0) > 0 ? dp_model_->forward(x) : model_.forward(x);
 }
 
+// A step's global batch (every rank's batches of the step) over the per-rank step batch the run started with.
 void Run::scale_base_lrs() {
-  const double scale =
-      options_.scale_lr_by_world_size ? static_cast<double>(world_ * options_.batch_size) / initial_batch_size_ : 1.0;
+  const double scale = options_.scale_lr_by_world_size
+                           ? static_cast<double>(world_ * options_.batch_size * options_.accumulate_batches) /
+                                 (initial_batch_size_ * initial_accumulate_batches_)
+                           : 1.0;
   base_lrs_.clear();
   for (double lr : user_lrs_) base_lrs_.push_back(lr * scale);
 }

@@ -11,6 +11,13 @@ namespace tandem::train {
 
 using torch::optim::OptimizerParamState;
 
+bool has_state_fields(const OptimizerParamState& state) {
+  return dynamic_cast<const torch::optim::SGDParamState*>(&state) ||
+         dynamic_cast<const torch::optim::AdamParamState*>(&state) ||
+         dynamic_cast<const torch::optim::AdamWParamState*>(&state) ||
+         dynamic_cast<const torch::optim::RMSpropParamState*>(&state);
+}
+
 std::vector<std::string> state_field_names(const OptimizerParamState& state) {
   if (dynamic_cast<const torch::optim::SGDParamState*>(&state)) return {"momentum_buffer"};
   if (dynamic_cast<const torch::optim::AdamParamState*>(&state) ||

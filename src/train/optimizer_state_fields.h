@@ -10,6 +10,8 @@
 
 namespace tandem::train {
 
+// Whether `state` is of a kind these functions know (a user's own optimizer's state is opaque to tandem).
+bool has_state_fields(const torch::optim::OptimizerParamState& state);
 // The field names of `state`'s kind, in state_tensors()'s order: e.g. exp_avg, exp_avg_sq, max_exp_avg_sq.
 std::vector<std::string> state_field_names(const torch::optim::OptimizerParamState& state);
 // The per-element tensors of one parameter's (or shard's) state; undefined where the optimizer's options keep

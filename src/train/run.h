@@ -107,6 +107,7 @@ class Run {
   std::vector<double> user_lrs_;  // per param group, as fit() found them
   std::vector<double> base_lrs_;  // per param group, scaled by the global batch
   int64_t initial_batch_size_;    // per rank, where the run started: a checkpoint's, or ours
+  int64_t initial_accumulate_batches_;  // batches per step where the run started: a checkpoint's, or ours
   CosineSchedule schedule_;       // of a unit rate: the factor every group's base is multiplied by
   std::optional<torch::ScalarType> autocast_dtype_;
   amp::GradScaler scaler_;        // disabled unless the precision scales the loss

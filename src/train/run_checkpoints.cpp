@@ -106,24 +106,32 @@ void Run::resume_from(const std::string& checkpoint) {
   }
 }
 
-// A checkpoint of another world size or batch size: the learning rate follows the global batch, measured against
-// the batch the run started with (a resume that keeps the global batch keeps the rate), and the run says where
-// its epoch continues. Checkpoints that did not record the first batch size started with their own.
+// A checkpoint of another world size, batch size or accumulation: the learning rate follows the global batch of a
+// step, measured against the step batch the run started with (a resume that keeps the global batch keeps the
+// rate), and the run says where its epoch continues. Checkpoints that did not record the first batch size started
+// with their own; those that did not record the accumulation accumulated as this run does.
 void Run::continue_layout() {
   const int64_t saved_batch = resumed_.batch_size > 0 ? resumed_.batch_size : options_.batch_size;
+  const int64_t saved_accumulate =
+      resumed_.accumulate_batches > 0 ? resumed_.accumulate_batches : options_.accumulate_batches;
   initial_batch_size_ = resumed_.initial_batch_size > 0 ? resumed_.initial_batch_size : saved_batch;
+  initial_accumulate_batches_ =
+      resumed_.initial_accumulate_batches > 0 ? resumed_.initial_accumulate_batches : options_.accumulate_batches;
   scale_base_lrs();
-  if (resumed_.world_size == world_ && saved_batch == options_.batch_size) return;
-  log::main_info("the run continues on {} rank{} x batch {} where it stopped on {} x {}: epoch {} goes on from "
-                 "sample {} of {} in its order",
-                 world_, world_ == 1 ? "" : "s", options_.batch_size, resumed_.world_size, saved_batch, resumed_.epoch,
-                 resumed_position_, train_set_->size());
-  const int64_t saved_global = resumed_.world_size * saved_batch, global = world_ * options_.batch_size;
+  const int64_t saved_global = resumed_.world_size * saved_batch * saved_accumulate,
+                global = world_ * options_.batch_size * options_.accumulate_batches;
+  const int64_t first_step_batch = initial_batch_size_ * initial_accumulate_batches_;
+  if (resumed_.world_size != world_ || saved_batch != options_.batch_size) {
+    log::main_info("the run continues on {} rank{} x batch {} where it stopped on {} x {}: epoch {} goes on from "
+                   "sample {} of {} in its order",
+                   world_, world_ == 1 ? "" : "s", options_.batch_size, resumed_.world_size, saved_batch,
+                   resumed_.epoch, resumed_position_, train_set_->size());
+  }
   if (options_.scale_lr_by_world_size && saved_global != global) {
     log::main_info("the global batch goes from {} to {}: the learning rate's scale goes from {:g} to {:g} (global "
-                   "batch / the first batch size {})",
-                   saved_global, global, static_cast<double>(saved_global) / initial_batch_size_,
-                   static_cast<double>(global) / initial_batch_size_, initial_batch_size_);
+                   "batch / the batch per rank and step the run started with, {} x {} accumulated)",
+                   saved_global, global, static_cast<double>(saved_global) / first_step_batch,
+                   static_cast<double>(global) / first_step_batch, initial_batch_size_, initial_accumulate_batches_);
   }
 }
 
@@ -137,6 +145,8 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
   state.lr = optimizer_.param_groups()[0].options().get_lr();
   state.base_lr = base_lrs_[0];
   state.initial_batch_size = initial_batch_size_;
+  state.initial_accumulate_batches = initial_accumulate_batches_;
+  state.accumulate_batches = options_.accumulate_batches;
   state.lrf = options_.lrf;
   state.warmup_steps = options_.warmup_steps;
   state.epochs = options_.epochs;

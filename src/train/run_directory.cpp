@@ -54,6 +54,11 @@ std::vector<std::string> folder_entries(const std::string& folder) {
   for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
     names.push_back(it->path().filename().string());
   }
+  // A folder that is not there holds nothing. One that cannot be read now (too many open files, an I/O error)
+  // must not pass for empty: a run dir would look as if it held no checkpoint, and the run would start over.
+  if (error && error != std::errc::no_such_file_or_directory && error != std::errc::not_a_directory) {
+    throw Error(fmt::format("cannot list the folder {}: {}", folder, error.message()));
+  }
   return names;
 }
 

@@ -27,19 +27,29 @@ std::string launcher_run_dir() {
   return std::string("runs/") + run_id;
 }
 
+std::string node_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "an unnamed host";
+  return name;
+}
+
 // Rank 0's choice; the files it looks at are rank 0's.
 RunStart choose(const LoopOptions& options) {
-  RunStart start{options.run_dir, ""};
+  RunStart start{options.run_dir, "", nullptr};
   if (start.run_dir.empty() && !options.resume && options.continue_launcher_run) start.run_dir = launcher_run_dir();
   if (start.run_dir.empty()) start.run_dir = options.resume ? newest_run_dir("runs") : timestamped_run_dir();
   if (start.run_dir.empty()) throw InvalidArgument("`resume`: no run under runs/ holds a checkpoint; pass `run_dir`");
-  // A damaged newest checkpoint (a crash of the storage, a copy cut short) is reported and skipped.
-  const auto latest = find_latest_intact_checkpoint(start.run_dir);
-  if (options.resume && !latest) throw InvalidArgument("`resume`: no checkpoint in " + start.run_dir);
-  if (latest) start.checkpoint = *latest;
+  const std::string no_checkpoint = "`resume`: no checkpoint in " + start.run_dir;
+  if (options.resume && !std::filesystem::is_directory(start.run_dir)) throw InvalidArgument(no_checkpoint);
   std::error_code error;
   std::filesystem::create_directories(start.run_dir, error);
   if (error) throw Error("cannot create the run directory " + start.run_dir + ": " + error.message());
+  // Before anything in the run dir is looked at: another run's checkpoint being written would look unfinished.
+  start.lock = std::make_shared<RunDirLock>(start.run_dir, node_name());
+  // A damaged newest checkpoint (a crash of the storage, a copy cut short) is reported and skipped.
+  const auto latest = find_latest_intact_checkpoint(start.run_dir);
+  if (options.resume && !latest) throw InvalidArgument(no_checkpoint);
+  if (latest) start.checkpoint = *latest;
   remove_unfinished_checkpoints(start.run_dir);
   return start;
 }
@@ -51,12 +61,6 @@ std::string fresh_nonce() {
   std::random_device entropy;
   const auto now = std::chrono::system_clock::now().time_since_epoch().count();
   return fmt::format("{:08x}{:08x}-{}-{}", entropy(), entropy(), ::getpid(), now);
-}
-
-std::string node_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "an unnamed host";
-  return name;
 }
 
 // What this rank cannot read of what rank 0 prepared, or "" when it reads all of it.

@@ -14,6 +14,7 @@
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fault_injection.h"
+#include "tandem/util/file_read_log.h"
 
 namespace tandem::train {
 namespace {
@@ -177,7 +178,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
   TANDEM_CHECK(host_is_little_endian(), "safetensors reading assumes a little-endian host");
-  if (!in_) throw InvalidArgument(path_ + ": cannot open safetensors file: " + std::strerror(errno));
+  if (!in_) {
+    const int error = errno;
+    // A file that is not there is missing (a part of a checkpoint never written, a path mistyped). Any other
+    // failure to open it (too many open files, no permission, an I/O error) says nothing of what it holds: a
+    // checkpoint must not be set aside as damaged for it, so it is another kind of error.
+    if (error == ENOENT || error == ENOTDIR) {
+      throw InvalidArgument(path_ + ": cannot open safetensors file: " + std::strerror(error));
+    }
+    throw Error(path_ + ": cannot open safetensors file: " + std::strerror(error) +
+                " (which says nothing of its contents: it is not treated as damaged)");
+  }
+  FileReadLog::note_open(path_);
   in_.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in_.tellg());
   in_.seekg(0);
@@ -194,6 +206,7 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)),
   }
   std::string text(header_size, '\0');
   in_.read(text.data(), static_cast<std::streamsize>(header_size));
+  FileReadLog::note_read(path_, static_cast<int64_t>(8 + header_size));
   json header;
   try {
     header = json::parse(text);
@@ -253,6 +266,7 @@ torch::Tensor SafetensorsReader::read(const std::string& name) {
   if (bytes > 0 && !in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes))) {
     throw InvalidArgument(path_ + ": the file ended while reading tensor '" + name + "' (it was cut short)");
   }
+  FileReadLog::note_read(path_, static_cast<int64_t>(bytes));
   return t;
 }
 

@@ -1,11 +1,16 @@
 #include "sharded_checkpoint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -15,6 +20,7 @@
 #include "tandem/train/run_directory.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
+#include "tandem/util/file_read_log.h"
 
 namespace tandem::train {
 namespace {
@@ -70,10 +76,56 @@ ShardedIndex parse_index(const std::string& text) {
     index.tensors.push_back(std::move(t));
   }
   for (const std::string& file : index.files) require_file_name(file);
-  for (const ShardedTensor& tensor : index.tensors) {
-    for (const ShardPiece& piece : tensor.pieces) require_file_name(piece.file);
-  }
   return index;
+}
+
+// What makes `index` unusable although it parsed: pieces that overlap, leave a gap or lie outside their tensor or
+// unit, which would leave elements of a tensor unread (uninitialised memory in the model) or read twice; "" when
+// nothing does.
+std::string index_inconsistency(const ShardedIndex& index) {
+  if (index.world_size < 1 || index.files.size() != static_cast<size_t>(index.world_size)) {
+    return fmt::format("it names {} rank files for world size {}", index.files.size(), index.world_size);
+  }
+  std::map<std::string, int64_t> unit_numel;
+  for (const ShardedUnit& unit : index.units) {
+    if (unit.numel < 0 || unit.padded_numel < unit.numel || unit.padded_numel % index.world_size != 0) {
+      return fmt::format("unit '{}' has {} elements, padded to {}, which {} ranks cannot share", unit.name, unit.numel,
+                         unit.padded_numel, index.world_size);
+    }
+    unit_numel[unit.name] = unit.numel;
+  }
+  const std::set<std::string> files(index.files.begin(), index.files.end());
+  for (const ShardedTensor& tensor : index.tensors) {
+    int64_t numel = 1;
+    for (int64_t extent : tensor.shape) {
+      if (extent < 0 || (extent > 0 && numel > std::numeric_limits<int64_t>::max() / extent)) {
+        return fmt::format("tensor '{}' has the shape [{}]", tensor.name, fmt::join(tensor.shape, ", "));
+      }
+      numel *= extent;
+    }
+    const auto unit = unit_numel.find(tensor.unit);
+    if (unit == unit_numel.end()) return fmt::format("tensor '{}' lies in a unit it does not list", tensor.name);
+    // The pieces tile the tensor in order: each begins where the one before ended, the last ends at its end.
+    int64_t next = 0;
+    for (const ShardPiece& piece : tensor.pieces) {
+      const int64_t length = piece.tensor_end - piece.tensor_begin;
+      if (piece.tensor_begin != next || length <= 0 || piece.tensor_end > numel || piece.unit_begin < 0 ||
+          piece.unit_end - piece.unit_begin != length || piece.unit_end > unit->second) {
+        return fmt::format("the piece [{}, {}) of '{}' (at [{}, {}) of its unit) overlaps another, leaves a gap or "
+                           "lies outside the tensor's {} elements or its unit's {}",
+                           piece.tensor_begin, piece.tensor_end, tensor.name, piece.unit_begin, piece.unit_end, numel,
+                           unit->second);
+      }
+      if (!files.count(piece.file)) {
+        return fmt::format("a piece of '{}' lies in {}, which is not one of its rank files", tensor.name, piece.file);
+      }
+      next = piece.tensor_end;
+    }
+    if (next != numel) {
+      return fmt::format("the pieces of '{}' cover its elements [0, {}) of {}", tensor.name, next, numel);
+    }
+  }
+  return "";
 }
 
 // A reader's line without throw_unusable's advice to move the checkpoint aside: the run dir's search moves it.
@@ -152,9 +204,21 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_p
   }
   const std::string path = folder_ + "/" + name->second;
   std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    const int error = errno;
+    // As SafetensorsReader: only a missing index is a damaged checkpoint.
+    if (error != ENOENT && error != ENOTDIR) {
+      throw Error(fmt::format("{}, the index of {}, cannot be opened: {} (which says nothing of its contents: it is "
+                              "not treated as damaged)",
+                              path, checkpoint_path, std::strerror(error)));
+    }
+    throw_unusable(path + ", the index of " + checkpoint_path + ", cannot be read", checkpoint_path);
+  }
+  FileReadLog::note_open(path);
   std::stringstream text;
-  if (in.is_open()) text << in.rdbuf();
-  if (!in.is_open() || !in) throw_unusable(path + ", the index of " + checkpoint_path + ", cannot be read", checkpoint_path);
+  text << in.rdbuf();
+  if (!in) throw_unusable(path + ", the index of " + checkpoint_path + ", cannot be read", checkpoint_path);
+  FileReadLog::note_read(path, static_cast<int64_t>(text.str().size()));
   if (index_checksum(text.str()) != checksum->second) {
     throw_unusable(path + ": does not match the checksum its checkpoint records (the file is damaged)",
                    checkpoint_path);
@@ -165,13 +229,13 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_p
     throw_unusable(path + ": not an index of a sharded tandem checkpoint (format " + kIndexFormat + ")",
                    checkpoint_path);
   }
+  const std::string inconsistency = index_inconsistency(index_);
+  if (!inconsistency.empty()) throw_unusable(fmt::format("{}: {} (the index is damaged)", path, inconsistency), checkpoint_path);
 }
 
 ShardedCheckpointReader::~ShardedCheckpointReader() = default;
 
-SafetensorsReader& ShardedCheckpointReader::open(const std::string& file) {
-  auto found = files_.find(file);
-  if (found != files_.end()) return *found->second;
+std::unique_ptr<SafetensorsReader> ShardedCheckpointReader::open_checked(const std::string& file) const {
   const std::string path = folder_ + "/" + file;
   std::unique_ptr<SafetensorsReader> reader;
   try {
@@ -189,7 +253,19 @@ SafetensorsReader& ShardedCheckpointReader::open(const std::string& file) {
     damage = fmt::format("{}: not a shard file of {}", path, checkpoint_path_);
   }
   if (!damage.empty()) throw_unusable(damage, checkpoint_path_);
-  return *files_.emplace(file, std::move(reader)).first->second;
+  return reader;
+}
+
+SafetensorsReader& ShardedCheckpointReader::open(const std::string& file) {
+  const auto found = std::find_if(open_files_.begin(), open_files_.end(),
+                                  [&](const auto& open) { return open.first == file; });
+  if (found != open_files_.end()) {
+    std::rotate(open_files_.begin(), found, found + 1);  // the most recently used first
+    return *open_files_.front().second;
+  }
+  if (open_files_.size() >= kMaxOpenFiles) open_files_.pop_back();
+  open_files_.emplace(open_files_.begin(), file, open_checked(file));
+  return *open_files_.front().second;
 }
 
 torch::Tensor ShardedCheckpointReader::read_range(const std::string& name, int64_t begin, int64_t end) {
@@ -232,20 +308,23 @@ torch::Tensor ShardedCheckpointReader::read_whole(const std::string& name) {
 }
 
 std::string ShardedCheckpointReader::damage() {
+  // The pieces each file must hold, by file, so that every file is opened once and closed before the next.
+  std::map<std::string, std::vector<std::pair<const ShardedTensor*, const ShardPiece*>>> pieces_of;
+  for (const ShardedTensor& tensor : index_.tensors) {
+    for (const ShardPiece& piece : tensor.pieces) pieces_of[piece.file].emplace_back(&tensor, &piece);
+  }
   try {
     for (const std::string& file : index_.files) {
-      SafetensorsReader& reader = open(file);
-      for (const TensorEntry& entry : reader.entries()) {
-        const std::string damage = entry_damage(entry.name, reader.read(entry.name), reader.metadata(), reader.path());
+      const std::unique_ptr<SafetensorsReader> reader = open_checked(file);
+      for (const TensorEntry& entry : reader->entries()) {
+        const std::string damage = entry_damage(entry.name, reader->read(entry.name), reader->metadata(), reader->path());
         if (!damage.empty()) return damage;
       }
-    }
-    for (const ShardedTensor& tensor : index_.tensors) {
-      for (const ShardPiece& piece : tensor.pieces) {
-        const TensorEntry* entry = open(piece.file).find(tensor.name);
-        if (!entry || entry->shape != std::vector<int64_t>{piece.tensor_end - piece.tensor_begin}) {
-          return fmt::format("{}/{}: lacks the piece of '{}' that the index of {} names", folder_, piece.file,
-                             tensor.name, checkpoint_path_);
+      for (const auto& [tensor, piece] : pieces_of[file]) {
+        const TensorEntry* entry = reader->find(tensor->name);
+        if (!entry || entry->shape != std::vector<int64_t>{piece->tensor_end - piece->tensor_begin}) {
+          return fmt::format("{}/{}: lacks the piece of '{}' that the index of {} names", folder_, file, tensor->name,
+                             checkpoint_path_);
         }
       }
     }

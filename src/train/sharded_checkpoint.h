@@ -72,8 +72,10 @@ void write_shard_file(const std::string& checkpoint_path, int rank, int world_si
 std::map<std::string, std::string> write_index(const std::string& checkpoint_path, const ShardedIndex& index);
 
 // The parts of a sharded checkpoint, read on demand: the index, checked against the checksum the main file
-// (`metadata`) records, and the rank files, opened when a piece of theirs is first read. A missing or damaged
-// part throws InvalidArgument in one line naming that file (and what to do).
+// (`metadata`) records and for pieces that tile every tensor, and the rank files, opened when a piece of theirs
+// is first read. A missing or damaged part (an index whose pieces overlap or leave a gap among them) throws
+// InvalidArgument in one line naming that file (and what to do); a part that exists but cannot be opened (too
+// many open files, no permission) throws Error, which is not damage.
 class ShardedCheckpointReader {
  public:
   ShardedCheckpointReader(const std::string& checkpoint_path, const std::map<std::string, std::string>& metadata);
@@ -85,15 +87,21 @@ class ShardedCheckpointReader {
   torch::Tensor read_range(const std::string& name, int64_t begin, int64_t end);
   torch::Tensor read_whole(const std::string& name);  // in its shape
   // What is wrong with the rank files (missing, cut short, a checksum that fails, a piece the index names that
-  // they lack), reading one entry at a time; "" when nothing.
+  // they lack), reading one entry at a time and holding one file open at a time; "" when nothing. A file that
+  // exists but cannot be opened (too many open files) throws Error: that is not damage.
   std::string damage();
 
  private:
+  // A rank file, opened and its header checked; throws (throw_unusable) when it is missing or damaged.
+  std::unique_ptr<SafetensorsReader> open_checked(const std::string& file) const;
+  // The same, kept among the kMaxOpenFiles most recently read: a rank of a world far smaller than the one that
+  // wrote the checkpoint reads pieces of many files, and must not run out of descriptors.
   SafetensorsReader& open(const std::string& file);
 
+  static constexpr size_t kMaxOpenFiles = 8;
   std::string checkpoint_path_, folder_;
   ShardedIndex index_;
-  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
+  std::vector<std::pair<std::string, std::unique_ptr<SafetensorsReader>>> open_files_;  // most recently used first
 };
 
 // What ShardedCheckpointReader::damage() finds, or what is wrong with the index that `metadata` (the checkpoint

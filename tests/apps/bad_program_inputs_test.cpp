@@ -52,6 +52,10 @@ std::vector<BadInput> bad_inputs() {
       {"ReportOnAMissingFolder", {"report", fixture("absent")}, {"run directory " + fixture("absent") + " not found"}},
       {"ReportOutputIsAFolder", {"report", fixture("empty_folder"), "-o", fixture("empty_folder")},
        {"tandem: error: --output", fixture("empty_folder") + " is a folder; give the HTML file to write"}},
+      {"ReportOutputIsACheckpointOfTheRun",
+       {"report", fixture("a_run"), "-o", fixture("a_run/checkpoint-0001-00000000.safetensors")},
+       {"tandem: error: ", fixture("a_run/checkpoint-0001-00000000.safetensors"),
+        "is the run's own file checkpoint-0001-00000000.safetensors", "outside the run dir"}},
       // tandem run: ranges checked before anything starts
       {"RunTooManyWorkers", {"run", "--nproc-per-node", "100000", "--", "true"},
        {"tandem: error: --nproc-per-node 100000", "at most 1024"}},
@@ -129,6 +133,9 @@ class BadProgramInput : public ::testing::TestWithParam<BadInput> {
     std::filesystem::create_directories(fixture("empty_folder"));
     std::filesystem::create_directories(fixture("images_only"));
     std::ofstream(fixture("a_file.txt")) << "not a folder\n";
+    std::filesystem::create_directories(fixture("a_run"));
+    std::ofstream(fixture("a_run/metrics.jsonl")) << "";
+    std::ofstream(fixture("a_run/checkpoint-0001-00000000.safetensors")) << "a checkpoint";
     std::ofstream(fixture("images_only/train-images-idx3-ubyte.gz")) << "";
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(fixture_root()); }
@@ -138,6 +145,8 @@ class BadProgramInput : public ::testing::TestWithParam<BadInput> {
 TEST_P(BadProgramInput, IsRefusedInOneLine) {
   testing::expect_one_line_refusal(GetParam());
   EXPECT_FALSE(std::filesystem::exists(fixture("export_out"))) << "the refused command created its output folder";
+  std::ifstream checkpoint(fixture("a_run/checkpoint-0001-00000000.safetensors"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(checkpoint), {}), "a checkpoint") << "the report overwrote it";
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, BadProgramInput, ::testing::ValuesIn(bad_inputs()),

@@ -361,6 +361,25 @@ TEST_F(ReportTest, UnwritableOutputIsAnErrorNamingIt) {
   EXPECT_FALSE(std::filesystem::exists(scratch / "absent"));
 }
 
+// `tandem report -o` given one of the run's own files, however spelled, is refused before anything is written.
+TEST(Report, RefusesToReplaceAFileOfTheRun) {
+  ScratchDir scratch;
+  const std::string run_dir = write_full_run(scratch);
+  const std::string run_name = std::filesystem::path(run_dir).filename().string();
+  for (const std::string& output : {run_dir + "/metrics.jsonl", run_dir + "/../" + run_name + "/./steps.jsonl"}) {
+    SCOPED_TRACE(output);
+    const auto size_before = std::filesystem::file_size(output);
+    try {
+      write_report(run_dir, output);
+      ADD_FAILURE() << "the report replaced a file of the run";
+    } catch (const InvalidArgument& refused) {
+      EXPECT_NE(std::string(refused.what()).find(output + " is the run's own file"), std::string::npos)
+          << refused.what();
+    }
+    EXPECT_EQ(std::filesystem::file_size(output), size_before);
+  }
+}
+
 TEST(Report, BuiltWithoutDygraphs) {
   if (TANDEM_HAVE_DYGRAPHS) GTEST_SKIP() << "this build has dygraphs";
   ScratchDir scratch;

@@ -176,6 +176,33 @@ TEST(Checkpoint, ADamagedOptimizerStateIsRefusedBeforeLibTorchParsesIt) {
   EXPECT_NE(error.find("optimizer state is missing or damaged"), std::string::npos) << error;
 }
 
+// An archive whose fingerprint and checksums match but whose state was saved for parameters of other shapes (a
+// writer that is not tandem): LibTorch hands each parameter the state at its position without looking, and the
+// next step would broadcast a momentum buffer of another shape into the weights.
+TEST(Checkpoint, AnOptimizerStateOfAnotherShapeIsDamageNamingTheFile) {
+  torch::manual_seed(3);
+  torch::nn::Linear net(4, 2);
+  torch::Tensor other_weight = torch::randn({3, 3}, torch::requires_grad()), other_bias = torch::randn({2}, torch::requires_grad());
+  torch::optim::SGD other(std::vector<torch::Tensor>{other_weight, other_bias}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  other_weight.mutable_grad() = torch::ones_like(other_weight);
+  other_bias.mutable_grad() = torch::ones_like(other_bias);
+  other.step();
+  const std::string path = make_temp_dir("misfit_optimizer") + "/checkpoint-0001-00000000.safetensors";
+  save_checkpoint(path, *net, other, CheckpointState{});
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::string error;
+  try {
+    load_checkpoint(path, *net, sgd);
+  } catch (const InvalidArgument& refused) {
+    error = refused.what();
+  }
+  EXPECT_NE(error.find(path + ": the optimizer state of parameter 1 is a tensor of shape [3, 3], the parameter's is "
+                              "[2, 4] (the file is damaged)"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
 // The optimizer's archive names parameters by addresses that 1.x writes in hex and 2.x reads as decimal.
 TEST(Checkpoint, ACheckpointOfAnotherLibTorchMajorVersionIsOneLine) {
   nn::CnnNet net;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -213,6 +214,34 @@ TEST(ReshapedResume, AnotherGlobalBatchTrainsTheRestOfTheEpochOnceAtTheScaledRat
   const std::vector<std::string> names = list_checkpoints(run_dir);
   EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 6)), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 7)), names.end());
+}
+
+// --accumulate-batches is part of the global batch: 2 ranks x 64 x 2 accumulated batches (a step of 256, the rate
+// 2 x kLr) continued on 4 x 64 without accumulating keeps the step of 256, so it keeps the rate. A checkpoint of
+// a tandem that did not record the accumulation scales as before, by the ranks' batches alone (4 x 64 over 64).
+TEST(ReshapedResume, AccumulatedBatchesCountInTheGlobalBatchOfAContinuedRun) {
+  const std::string run_dir = make_temp_dir("reshaped_accumulated");
+  LoopOptions accumulated = options_for(run_dir, 64);
+  accumulated.accumulate_batches = 2;
+  accumulated.max_steps = 7;  // 14 of each rank's batches: epoch 1, after 4 of its 10
+  const Trained stopped = fit_on(2, accumulated);
+  ASSERT_EQ(stopped.result.steps, 7);
+  for (const StepInfo& step : stopped.steps) EXPECT_DOUBLE_EQ(step.lr, 2 * kLr) << "a new run scales by its ranks";
+  const std::string older_dir = make_temp_dir("reshaped_accumulated_older");
+  std::filesystem::copy(checkpoint_path(run_dir, 1, 4), checkpoint_path(older_dir, 1, 4));
+
+  LoopOptions wider = options_for(run_dir, 64);
+  wider.max_steps = 8;
+  const Trained continued = fit_on(4, wider);
+  ASSERT_EQ(continued.steps.size(), 1u);
+  EXPECT_DOUBLE_EQ(continued.steps.front().lr, 2 * kLr) << "global batch 256 on both layouts";
+
+  as_older_tandem_wrote_it(checkpoint_path(older_dir, 1, 4), {"initial_accumulate_batches", "accumulate_batches"});
+  LoopOptions older = options_for(older_dir, 64);
+  older.max_steps = 8;
+  const Trained continued_older = fit_on(4, older);
+  ASSERT_EQ(continued_older.steps.size(), 1u);
+  EXPECT_DOUBLE_EQ(continued_older.steps.front().lr, 4 * kLr) << "without the record, as tandems before it scaled";
 }
 
 // A checkpoint written inside a continued epoch continues again, on a third layout: 2 x 64 -> 4 x 64 stopped

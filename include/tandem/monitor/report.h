@@ -22,7 +22,9 @@ std::string render_report(const RunRecords& records);
 
 // Reads run_dir's records and writes their page to html_path, atomically (a temporary file renamed over it),
 // so a crash never leaves half a report. Throws InvalidArgument for a run dir it cannot read (see
-// read_run_records), UnsupportedError without dygraphs, Error when html_path cannot be written.
+// read_run_records) or for an html_path that is one of the run's own files (anything in run_dir but its
+// report.html: a checkpoint, metrics.jsonl), UnsupportedError without dygraphs, Error when html_path cannot be
+// written.
 void write_report(const std::string& run_dir, const std::string& html_path);
 
 }  // namespace tandem::monitor

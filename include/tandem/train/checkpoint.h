@@ -8,7 +8,8 @@
 //   extra.<name>        the user's own tensors (ExtraState)
 //   __metadata__        format, model_class and optimizer (their C++ types), the archive's fingerprint, the
 //                       LibTorch major version,
-//                       epoch, step, batches_done, sample_position, the schedule (with initial_batch_size), the
+//                       epoch, step, batches_done, sample_position, the schedule (with initial_batch_size and
+//                       initial_accumulate_batches), accumulate_batches, the
 //                       data order (sampler_seed, world_size, batch_size, shuffle, drop_last), the training set
 //                       (train_samples, train_fingerprint),
 //                       the unfinished epoch's loss and time, the precision and the loss scaler's state
@@ -53,6 +54,11 @@ struct CheckpointState {
   // The per-rank batch size the run started with, which the learning rate's scale divides the global batch by;
   // 0 in checkpoints of tandems that did not record it (their batch_size stands for it).
   int64_t initial_batch_size = 0;
+  // Batches per optimizer step (LoopOptions::accumulate_batches) where the run started and in the layout that
+  // wrote the checkpoint: each step's global batch is world_size x batch_size x accumulate_batches. 0 in
+  // checkpoints of tandems that did not record them (the continued run's own stands for both).
+  int64_t initial_accumulate_batches = 0;
+  int64_t accumulate_batches = 0;
   double lrf = 0;
   int64_t warmup_steps = 0;
   int epochs = 0;

@@ -23,7 +23,8 @@ std::string timestamped_run_dir(const std::string& runs_dir = "runs");
 std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
 
 // The names of what `folder` (a run dir, or the runs dir above run dirs) holds, files and folders without the
-// path, in no order; none where it cannot be read.
+// path, in no order; none where it does not exist. Throws Error when it exists but cannot be read (too many open
+// files, no permission), which must not pass for an empty run dir.
 std::vector<std::string> folder_entries(const std::string& folder);
 
 // The checkpoints in run_dir, oldest first (epoch, then batch, compared as numbers). Temp files of an

@@ -43,7 +43,7 @@ struct TensorEntry {
 
 // A file's header, checked against the file's size, with its tensors read one at a time on request: a reader
 // that needs a few of many tensors (a rank of a sharded checkpoint, train/checkpoint.h) holds only those.
-// Throws InvalidArgument as load_safetensors does.
+// Throws as load_safetensors does. Holds the file open until destroyed.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::string path);
@@ -63,8 +63,9 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// Reads every tensor onto the CPU. A truncated, corrupt or unsupported file throws InvalidArgument naming the
-// file and what is wrong.
+// Reads every tensor onto the CPU. A missing, truncated, corrupt or unsupported file throws InvalidArgument naming
+// the file and what is wrong; one that is there but cannot be opened (too many open files, no permission) throws
+// Error, since that says nothing of its contents.
 TensorFile load_safetensors(const std::string& path);
 
 // The module's parameters and buffers by their dotted names (its state dict), detached.
