@@ -7,6 +7,7 @@
 #include <cctype>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -16,10 +17,12 @@
 namespace tandem::comm {
 namespace {
 
-// Holds "<collectives issued> <tick>": the count for who reached what, the tick as a heartbeat.
-std::string progress_key(int rank) { return fmt::format("tandem/progress/{}", rank); }
-// Holds one "<sequence> <signature>" line per remembered collective, oldest first.
-std::string signatures_key(int rank) { return fmt::format("tandem/signatures/{}", rank); }
+// The number of diagnoses asked for so far: a failing rank adds one, and every rank's responder answers once it
+// sees the number move.
+const std::string kRequestsKey = "tandem/diagnosis/requests";
+// Rank's answer: "<request answered> <collectives issued>" on the first line, then one "<sequence> <signature>"
+// line per remembered collective, oldest first.
+std::string answer_key(int rank) { return fmt::format("tandem/diagnosis/answer/{}", rank); }
 // Under DETAIL: rank's signature of collective `sequence`, published before it starts.
 std::string agreement_key(uint64_t sequence, int rank) { return fmt::format("tandem/agreement/{}/{}", sequence, rank); }
 
@@ -66,16 +69,16 @@ struct CollectiveTracker::Shared {
   uint64_t issued = 0;
   // Collective n's signature, at n % kRemembered.
   std::array<CollectiveSignature, kRemembered> remembered;
-  // Guards the publisher's life.
+  // Guards the responder's life.
   std::mutex mutex;
   std::condition_variable changed;
   bool stopping = false;
-  bool publisher_done = false;
+  bool responder_done = false;
 };
 
 namespace {
 
-void publish_loop(const std::shared_ptr<CollectiveTracker::Shared>& shared);
+void respond_loop(const std::shared_ptr<CollectiveTracker::Shared>& shared);
 
 // This rank's signature of collective `sequence`, if it still remembers it.
 std::optional<CollectiveSignature> remembered_signature(CollectiveTracker::Shared& shared, uint64_t sequence) {
@@ -93,20 +96,20 @@ CollectiveTracker::CollectiveTracker(StorePtr store, int rank, int world_size)
   shared_->store = std::move(store);
   shared_->rank = rank;
   shared_->world_size = world_size;
-  publisher_ = std::thread([shared = shared_] { publish_loop(shared); });
+  responder_ = std::thread([shared = shared_] { respond_loop(shared); });
 }
 
 CollectiveTracker::~CollectiveTracker() {
   std::unique_lock<std::mutex> lock(shared_->mutex);
   shared_->stopping = true;
   shared_->changed.notify_all();
-  // A publisher stuck in a store call that never returns is left behind; it holds its own share of the state.
-  const bool done = shared_->changed.wait_for(lock, 5 * kTick, [this] { return shared_->publisher_done; });
+  // A responder stuck in a store call that never returns is left behind; it holds its own share of the state.
+  const bool done = shared_->changed.wait_for(lock, kPoll, [this] { return shared_->responder_done; });
   lock.unlock();
   if (done) {
-    publisher_.join();
+    responder_.join();
   } else {
-    publisher_.detach();
+    responder_.detach();
   }
 }
 
@@ -119,8 +122,8 @@ uint64_t CollectiveTracker::begin(CollectiveSignature signature) {
 
 namespace {
 
-// The remembered signatures as published, and the count they end at.
-std::pair<std::string, uint64_t> remembered_lines(CollectiveTracker::Shared& shared) {
+// This rank's answer to request `request` (see answer_key).
+std::string answer_text(CollectiveTracker::Shared& shared, uint64_t request) {
   std::vector<std::pair<uint64_t, CollectiveSignature>> latest;
   uint64_t issued = 0;
   {
@@ -131,45 +134,79 @@ std::pair<std::string, uint64_t> remembered_lines(CollectiveTracker::Shared& sha
       latest.emplace_back(n, shared.remembered[n % CollectiveTracker::kRemembered]);
     }
   }
-  std::string text;
+  std::string text = fmt::format("{} {}\n", request, issued);
   for (const auto& [sequence, signature] : latest) text += fmt::format("{} {}\n", sequence, signature.describe());
-  return {text, issued};
+  return text;
 }
 
-void publish_loop(const std::shared_ptr<CollectiveTracker::Shared>& shared) {
-  uint64_t signatures_published_at = 0;
+// Looks every kPoll for a new request and answers it; reads only, until some rank fails.
+void respond_loop(const std::shared_ptr<CollectiveTracker::Shared>& shared) {
+  uint64_t answered = 0;
   std::unique_lock<std::mutex> lock(shared->mutex);
-  for (uint64_t tick = 1;
-       !shared->changed.wait_for(lock, CollectiveTracker::kTick, [&] { return shared->stopping; }); ++tick) {
+  while (!shared->changed.wait_for(lock, CollectiveTracker::kPoll, [&] { return shared->stopping; })) {
     lock.unlock();
     try {
-      // The signatures first: a reader that sees a count in the progress finds that collective's signature.
-      auto [signatures, issued] = remembered_lines(*shared);
-      if (issued != signatures_published_at) {
-        shared->store->set(signatures_key(shared->rank), as_bytes(signatures));
-        signatures_published_at = issued;
+      if (shared->store->check({kRequestsKey})) {
+        const uint64_t requested = std::stoull(as_text(shared->store->get(kRequestsKey)));
+        if (requested != answered) {
+          shared->store->set(answer_key(shared->rank), as_bytes(answer_text(*shared, requested)));
+          answered = requested;
+        }
       }
-      shared->store->set(progress_key(shared->rank), as_bytes(fmt::format("{} {}", issued, tick)));
     } catch (const std::exception&) {
-      // The store lives in rank 0; once it is gone there is nobody left to tell.
+      // The store lives in rank 0 or the launcher; once it is gone there is nobody left to answer.
       lock.lock();
       break;
     }
     lock.lock();
   }
-  shared->publisher_done = true;
+  shared->responder_done = true;
   shared->changed.notify_all();
 }
 
-// The value of `key`, or "" before it is first set.
-std::string published(const CollectiveTracker::Shared& shared, const std::string& key) {
-  if (!shared.store->check({key})) return "";
-  return as_text(shared.store->get(key));
+// A rank's answer, read back: how many collectives it had issued, and its remembered signatures' lines.
+struct Answer {
+  uint64_t issued = 0;
+  std::string lines;
+};
+
+// Asks every other rank for its answer and collects those that come within kAnswerWait, by rank; a rank missing
+// from the result never answered.
+std::map<int, Answer> ask_the_others(CollectiveTracker::Shared& shared) {
+  const uint64_t request = static_cast<uint64_t>(shared.store->add(kRequestsKey, 1));
+  std::map<int, Answer> answers;
+  std::vector<int> waiting_for;
+  for (int r = 0; r < shared.world_size; ++r) {
+    if (r != shared.rank) waiting_for.push_back(r);
+  }
+  const auto give_up = std::chrono::steady_clock::now() + CollectiveTracker::kAnswerWait;
+  // Most answers come within a poll; reading each rank's key again and again meanwhile would only load the store.
+  auto pause = std::chrono::milliseconds(20);
+  while (!waiting_for.empty()) {
+    std::vector<int> still_waiting;
+    for (int r : waiting_for) {
+      const std::string key = answer_key(r);
+      const std::string text = shared.store->check({key}) ? as_text(shared.store->get(key)) : "";
+      const size_t space = text.find(' ');
+      const size_t end_of_line = text.find('\n');
+      // An answer to an earlier request is from before this failure; one to a later request (another rank's
+      // failure) is newer still, and as good.
+      if (space == std::string::npos || end_of_line == std::string::npos || std::stoull(text.substr(0, space)) < request) {
+        still_waiting.push_back(r);
+        continue;
+      }
+      answers[r] = {std::stoull(text.substr(space + 1, end_of_line - space - 1)), text.substr(end_of_line + 1)};
+    }
+    waiting_for = std::move(still_waiting);
+    if (waiting_for.empty() || std::chrono::steady_clock::now() >= give_up) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
+  return answers;
 }
 
-// Rank r's published signature of collective `sequence`, or "" where it published none.
-std::string published_signature(const CollectiveTracker::Shared& shared, int rank, uint64_t sequence) {
-  const std::string lines = published(shared, signatures_key(rank));
+// The signature of collective `sequence` among an answer's lines, or "" where the answer has none.
+std::string signature_in(const std::string& lines, uint64_t sequence) {
   const std::string prefix = fmt::format("{} ", sequence);
   for (size_t start = 0; start < lines.size();) {
     const size_t end = std::min(lines.find('\n', start), lines.size());
@@ -181,49 +218,37 @@ std::string published_signature(const CollectiveTracker::Shared& shared, int ran
   return "";
 }
 
-// Ranks whose published progress stands still for kSilence.
-std::vector<int> silent_ranks(const CollectiveTracker::Shared& shared) {
-  std::vector<std::string> before(static_cast<size_t>(shared.world_size));
-  for (int r = 0; r < shared.world_size; ++r) {
-    if (r != shared.rank) before[static_cast<size_t>(r)] = published(shared, progress_key(r));
-  }
-  std::this_thread::sleep_for(CollectiveTracker::kSilence);
-  std::vector<int> silent;
-  for (int r = 0; r < shared.world_size; ++r) {
-    if (r != shared.rank && published(shared, progress_key(r)) == before[static_cast<size_t>(r)]) silent.push_back(r);
-  }
-  return silent;
-}
-
 constexpr const char* kStoreUnreachable =
     "the rendezvous store on rank 0 is unreachable, so rank 0 has exited or its host or network is down";
 
-// What the store says about the other ranks, for the failure message of collective `sequence`.
+// What the other ranks answer, for the failure message of collective `sequence`.
 std::string diagnose(CollectiveTracker::Shared& shared, uint64_t sequence) {
+  std::map<int, Answer> answers;
+  try {
+    answers = ask_the_others(shared);
+  } catch (const std::exception&) {
+    return kStoreUnreachable;
+  }
+  // A lost rank explains the failure whatever it had issued: it may have issued the collective just before its
+  // host went away.
+  std::vector<int> lost;
+  for (int r = 0; r < shared.world_size; ++r) {
+    if (r != shared.rank && answers.count(r) == 0) lost.push_back(r);
+  }
+  if (!lost.empty()) {
+    return fmt::format("lost rank(s) {}: no answer through the rendezvous store within {:.0f} s, so the process is "
+                       "gone or its host or network is down",
+                       describe_ranks(lost), CollectiveTracker::kAnswerWait.count() / 1000.0);
+  }
   std::vector<int> behind;
   std::vector<std::string> signature_of(static_cast<size_t>(shared.world_size));
   const std::optional<CollectiveSignature> own_signature = remembered_signature(shared, sequence);
-  try {
-    // A lost rank explains the failure whatever its count says: it may have issued the collective just before
-    // its host went away.
-    std::vector<int> lost = silent_ranks(shared);
-    if (!lost.empty()) {
-      return fmt::format("lost rank(s) {}: no heartbeat in the rendezvous store for {:.0f} s, so the process is "
-                         "gone or its host or network is down",
-                         describe_ranks(lost), CollectiveTracker::kSilence.count() / 1000.0);
+  for (const auto& [r, answer] : answers) {
+    if (answer.issued < sequence) {
+      behind.push_back(r);
+    } else if (own_signature) {
+      signature_of[static_cast<size_t>(r)] = signature_in(answer.lines, sequence);
     }
-    for (int r = 0; r < shared.world_size; ++r) {
-      if (r == shared.rank) continue;
-      const std::string progress = published(shared, progress_key(r));
-      const uint64_t reached = progress.empty() ? 0 : std::stoull(progress.substr(0, progress.find(' ')));
-      if (reached < sequence) {
-        behind.push_back(r);
-      } else if (own_signature) {
-        signature_of[static_cast<size_t>(r)] = published_signature(shared, r, sequence);
-      }
-    }
-  } catch (const std::exception&) {
-    return kStoreUnreachable;
   }
   if (own_signature) signature_of[static_cast<size_t>(shared.rank)] = own_signature->describe();
   const std::string differing = differing_collectives(sequence, signature_of);

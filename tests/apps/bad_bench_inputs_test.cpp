@@ -1,4 +1,4 @@
-// Bad input to `tandem bench train`, `overhead`, `allreduce` and `data`: each ends in one
+// Bad input to `tandem bench train`, `overhead`, `allreduce`, `data` and `rendezvous`: each ends in one
 // line that names the flag, the value or the file and says what to do, with exit code 2, before any worker starts
 // or any rank joins (issue 29). A --batch-size of -1 used to reach the workers as a LibTorch backtrace, --steps 0
 // a JSON library exception, --world-sizes 0 a message about bytes, --json to a missing folder an error after the
@@ -44,6 +44,11 @@ std::vector<std::string> bench_data(std::vector<std::string> args) {
 // The PyTorch side script in the source tree.
 std::string pytorch_script() {
   return (std::filesystem::path(TANDEM_FIXTURE_DIR) / ".." / ".." / "bench" / "pytorch_ddp_bench.py").string();
+}
+
+std::vector<std::string> bench_rendezvous(std::vector<std::string> args) {
+  args.insert(args.begin(), {"bench", "rendezvous"});
+  return args;
 }
 
 std::vector<BadInput> bad_inputs() {
@@ -162,6 +167,15 @@ std::vector<BadInput> bad_inputs() {
        {"torchvision side script /nonexistent/x.py not found", "--torchvision-script"}},
       {"DataBatchBeyondMemory", bench_data({"--batch-size", "2000000000", "--image-size", "1024"}),
        {"--batch-size 2000000000 at --image-size 1024", "lower --batch-size or --image-size"}},
+      // bench rendezvous: the simulated agents and the job's timings
+      {"RendezvousOneAgent", bench_rendezvous({"--agents", "1"}), {"--agents", "from 2 to", "not 1"}},
+      {"RendezvousTooManyAgents", bench_rendezvous({"--agents", "64,5000"}), {"--agents", "not 5000"}},
+      {"RendezvousZeroKeepAlive", bench_rendezvous({"--keep-alive-interval", "0"}),
+       {"--keep-alive-interval", "between", "not 0"}},
+      {"RendezvousOneAttempt", bench_rendezvous({"--keep-alive-max-attempt", "1"}),
+       {"--keep-alive-max-attempt", "from 2 to", "not 1"}},
+      {"RendezvousZeroLastCall", bench_rendezvous({"--last-call", "0"}), {"--last-call", "between", "not 0"}},
+      {"RendezvousZeroTicks", bench_rendezvous({"--heartbeat-ticks", "0"}), {"--heartbeat-ticks", "from 1 to", "not 0"}},
   };
   if (!TANDEM_HAVE_NCCL) {
     rows.push_back({"TrainNcclWithoutNccl", bench_train({"--backend", "nccl"}), {"--backend", "nccl"}});

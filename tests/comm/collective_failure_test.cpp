@@ -67,7 +67,7 @@ TEST(DeadPeer, SurvivorNamesTheRankThatDied) {
   ASSERT_FALSE(results[0].timed_out) << "the survivor waited for the dead peer:\n" << results[0].output;
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
   EXPECT_NE(results[0].output.find("DEAD PEER SEEN: "), std::string::npos) << results[0].output;
-  EXPECT_NE(results[0].output.find("lost rank(s) 1: no heartbeat"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("lost rank(s) 1: no answer"), std::string::npos) << results[0].output;
 }
 
 }  // namespace

@@ -40,9 +40,14 @@ void on_rank_threads(int world_size, const std::function<void(int rank)>& rank_b
 
 void run_thread_ranks(int world_size, const std::function<void(int, comm::Communicator&)>& body,
                       std::chrono::milliseconds timeout) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  comm::StorePtr store = c10::make_intrusive<c10d::HashStore>();
+  run_thread_ranks_on([&](int) { return store; }, world_size, body, timeout);
+}
+
+void run_thread_ranks_on(const std::function<comm::StorePtr(int)>& store_of, int world_size,
+                         const std::function<void(int, comm::Communicator&)>& body, std::chrono::milliseconds timeout) {
   on_rank_threads(world_size, [&](int rank) {
-    comm::GlooCommunicator communicator(store, rank, world_size, timeout);
+    comm::GlooCommunicator communicator(store_of(rank), rank, world_size, timeout);
     body(rank, communicator);
   });
 }

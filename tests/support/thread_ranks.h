@@ -16,6 +16,12 @@ namespace tandem::testing {
 void run_thread_ranks(int world_size, const std::function<void(int rank, comm::Communicator& communicator)>& body,
                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+// The same over a store the caller makes: `store_of(rank)` is rank's connection to one store that all share (a
+// CountingStore over a FileStore, to see what each rank sends).
+void run_thread_ranks_on(const std::function<comm::StorePtr(int rank)>& store_of, int world_size,
+                         const std::function<void(int rank, comm::Communicator& communicator)>& body,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
 // The same with every rank on a GPU, over gpu_test_backend(world_size) (support/gpu.h). Each thread's current
 // CUDA device is its rank's. Call only with a GPU visible. Threads share one autograd engine, which runs the
 // backward of each device on one thread: where ranks share a GPU, a collective inside one rank's backward

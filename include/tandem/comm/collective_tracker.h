@@ -1,14 +1,16 @@
 #pragma once
 // Knows, when a collective fails, which ranks were lost, which had not reached it, and which were in another
 // collective. Each rank numbers the collectives it issues and remembers the signatures (kind, dtype, element
-// count) of its last kRemembered; a background thread publishes the count with a tick number, and the
-// remembered signatures whenever the count moved, to the rendezvous store every 200 ms. On failure, ranks whose
-// published value stood still for a while are lost (process gone, host or network down); failing that, ranks
-// whose signature of the failed collective's number differs are in another collective, and ranks whose count
-// is below it never arrived.
+// count) of its last kRemembered, in memory: while every collective succeeds, the tracker writes nothing to the
+// rendezvous store. A failing rank asks the others through the store (one counter, tandem/diagnosis/requests),
+// and a background thread of each rank, which looks at that counter every kPoll (a read: it grows no FileStore),
+// answers with its count and remembered signatures. Ranks that do not answer within kAnswerWait are lost
+// (process gone, host or network down); failing that, ranks whose signature of the failed collective's number
+// differs are in another collective, and ranks whose count is below it never arrived.
 //
 // Under TANDEM_DISTRIBUTED_DEBUG=DETAIL the communicator also calls agree() before each collective starts, so
-// that ranks that disagree stop before the transport sees two different collectives.
+// that ranks that disagree stop before the transport sees two different collectives; that writes to the store
+// for every collective, which is why it is for debugging only.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -22,14 +24,15 @@ namespace tandem::comm {
 
 class CollectiveTracker {
  public:
-  // How often the background thread publishes.
-  static constexpr std::chrono::milliseconds kTick{200};
-  // How long a rank's published value must stand still before a failure calls it lost: five ticks, so that a
-  // busy machine that delays one tick does not make a live rank look lost.
-  static constexpr std::chrono::milliseconds kSilence{1000};
+  // How often the background thread looks for a request to answer: one store read per rank per kPoll, the
+  // tracker's whole traffic while nothing fails.
+  static constexpr std::chrono::milliseconds kPoll{1000};
+  // How long a failure waits for the other ranks' answers before it calls the silent ones lost: three polls, so
+  // that a busy machine that delays a rank's poll does not make a live rank look lost.
+  static constexpr std::chrono::milliseconds kAnswerWait{3 * kPoll};
   // How long a failure waits for the store to answer its questions before it calls the store unreachable.
   static constexpr std::chrono::milliseconds kDiagnosisDeadline{6000};
-  // How many of its latest collectives a rank remembers and publishes: a rank stuck in wait() on collective n
+  // How many of its latest collectives a rank remembers and answers with: a rank stuck in wait() on collective n
   // may have issued more after it (DDP keeps one all-reduce per bucket in flight), and a failure of n compares
   // the ranks' signatures of n.
   static constexpr uint64_t kRemembered = 64;
@@ -40,7 +43,7 @@ class CollectiveTracker {
   CollectiveTracker& operator=(const CollectiveTracker&) = delete;
 
   // Called as a collective is issued; returns its 1-based sequence number on this rank. Costs a lock and a copy
-  // of the signature; the store is written by the background thread only.
+  // of the signature; the store sees nothing of it.
   uint64_t begin(CollectiveSignature signature);
 
   // Collective over the store, before collective `sequence` (this rank's latest begin()) starts: publishes its
@@ -50,8 +53,8 @@ class CollectiveTracker {
 
   // Turns a backend failure of collective `sequence` into TimeoutError or CommError with a message naming the
   // operation, this rank, and the ranks that were lost, were in another collective, or never reached it. Takes
-  // kSilence to watch the heartbeats, and at most kDiagnosisDeadline when the store does not answer. Never
-  // returns.
+  // about kPoll for the others' answers (kAnswerWait when a rank is lost), and at most kDiagnosisDeadline when
+  // the store does not answer. Never returns.
   [[noreturn]] void fail(const std::string& operation, uint64_t sequence, const std::string& backend_message,
                          std::chrono::milliseconds timeout);
 
@@ -62,7 +65,7 @@ class CollectiveTracker {
 
  private:
   std::shared_ptr<Shared> shared_;
-  std::thread publisher_;
+  std::thread responder_;
 };
 
 }  // namespace tandem::comm

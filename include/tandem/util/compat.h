@@ -142,6 +142,18 @@ inline bool serve_from_listening_socket(c10d::TCPStoreOptions& options, int list
 #endif
 }
 
+// c10d's Store: 2.x declares a pure clone(), a thread-safe store object over the same store, which 1.13 lacks
+// (added in 2.5; the versions between 2.0 and 2.4 are unchecked). A store that tandem implements is thread-safe
+// itself and derives from SharedStore, whose clone is the store itself.
+class SharedStore : public c10d::Store {
+ public:
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 5)
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::intrusive_ptr<c10d::Store>::reclaim_copy(this);
+  }
+#endif
+};
+
 // Drops every gradient of `optimizer`'s parameters, as zero_grad() does by default from LibTorch 2.0 on
 // (set_to_none); 1.13's zero_grad() fills them with zeros instead. Dropping lets backward hand each new
 // gradient over rather than add it to zeros, a pass over memory per parameter saved (measured: ResNet-18

@@ -1,0 +1,97 @@
+// The elastic control plane's shape at scale (issue 41), from `tandem bench rendezvous`'s simulation at 16 and 64
+// agents: threads running the launcher's AgentStore, RoundRendezvous and HeartbeatWatch against one real
+// TCPStore. Shapes, never times: what one agent's store connection carries per call and per heartbeat tick, and
+// who the rounds take in. Short keep-alive timings keep it to seconds; 1.5 s without a heartbeat makes a node
+// lost, far above a tick's time even on a loaded machine (the run says so through early_end where not).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "bench/rendezvous_bench.h"
+
+namespace tandem::bench {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What one enter() or one poll_round() may cost, whatever the number of agents: a few reads and one slot.
+constexpr int64_t kFewOperations = 10;
+
+class RendezvousSimulation : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (int agents : {16, 64}) {
+      RendezvousBenchOptions options;
+      options.agents = agents;
+      options.keep_alive_interval = 500ms;
+      options.keep_alive_max_attempt = 3;
+      options.last_call = 500ms;
+      options.heartbeat_ticks = 2;
+      results_[agents] = run_rendezvous_bench(options);
+      print_rendezvous_table({results_[agents]}, options);
+    }
+  }
+  static std::map<int, RendezvousBenchResult> results_;
+};
+
+std::map<int, RendezvousBenchResult> RendezvousSimulation::results_;
+
+int64_t most_operations(const std::vector<CallTraffic>& calls) {
+  int64_t most = 0;
+  for (const CallTraffic& call : calls) most = std::max(most, call.operations);
+  return most;
+}
+
+TEST_F(RendezvousSimulation, EveryAgentJoinsWithAFewOperationsPerCallWhateverTheirNumber) {
+  for (const auto& [agents, result] : results_) {
+    EXPECT_EQ(most_operations(result.enter_traffic), most_operations(results_.at(16).enter_traffic))
+        << agents << " agents: enter() costs more than with 16";
+    EXPECT_LE(most_operations(result.enter_traffic), kFewOperations) << agents << " agents";
+    int64_t polls = 0, operations = 0;
+    for (size_t i = 0; i < result.polls.size(); ++i) {
+      polls += result.polls[i];
+      operations += result.poll_traffic[i].operations;
+    }
+    ASSERT_GT(polls, 0);
+    EXPECT_LE(operations, kFewOperations * polls) << agents << " agents: a poll_round() reads more than a few keys";
+  }
+}
+
+// Each tick beats once and reads every other member's heartbeat: the same cost on every tick (nothing grows with
+// time), and linear in the round's size, so the store serves N x N operations per keep-alive interval. That
+// square is what breaks first at scale (RELIABILITY.md, "Control plane at scale (simulated)").
+TEST_F(RendezvousSimulation, AHeartbeatTickCostsTheSameEveryTimeAndAtMostOneReadPerMember) {
+  for (const auto& [agents, result] : results_) {
+    EXPECT_TRUE(result.early_end.empty()) << agents << " agents: " << result.early_end;
+    ASSERT_EQ(result.tick_traffic.size(), static_cast<size_t>(agents * 2));
+    const auto [fewest, most] =
+        std::minmax_element(result.tick_traffic.begin(), result.tick_traffic.end(),
+                            [](const CallTraffic& a, const CallTraffic& b) { return a.operations < b.operations; });
+    EXPECT_EQ(fewest->operations, most->operations) << agents << " agents: ticks differ";
+    EXPECT_LE(most->operations, agents + 4) << agents << " agents";
+  }
+}
+
+TEST_F(RendezvousSimulation, TheRoundAfterOnePercentDieHoldsExactlyTheSurvivors) {
+  for (const auto& [agents, result] : results_) {
+    EXPECT_EQ(result.died, 1) << agents << " agents";
+    EXPECT_TRUE(result.reformed_with_the_survivors)
+        << agents << " agents: the next round has " << result.reformed_nodes << " nodes";
+    EXPECT_EQ(result.reformed_nodes, agents - result.died);
+  }
+}
+
+// Fails on the code of this commit: an agent that leaves before its round closes keeps its slot, and the round
+// closes with it (its heartbeat never comes, and the round then ends as a failure). The elastic launcher's fix
+// (a waiting agent's slot counts only while it beats, or is given back) makes it pass; the assertion stays.
+TEST_F(RendezvousSimulation, APhantomAgentThatEntersAndVanishesNeverBecomesAMember) {
+  for (const auto& [agents, result] : results_) {
+    EXPECT_FALSE(result.phantom_was_member)
+        << agents << " agents: the round closed with " << result.phantom_round_nodes << " nodes";
+    EXPECT_EQ(result.phantom_round_nodes, agents - result.died);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::bench
