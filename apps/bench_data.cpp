@@ -62,7 +62,9 @@ const BenchCommandRegistration kBenchData{
       flags->torchvision_script =
           command.add_option("--torchvision-script", o.torchvision_script, "--compare torchvision: the side script")
               ->capture_default_str();
-      command.add_option("--seed", o.seed, "Seed of the shuffle and the augmentation")->capture_default_str();
+      command.add_option("--seed", o.seed, "Seed of the shuffle and the augmentation")
+          ->capture_default_str()
+          ->check(at_least<uint64_t>(0));
       return [flags]() -> int {
         if (flags->torchvision_script->count() > 0 && flags->compare.empty()) {
           throw InvalidArgument(

@@ -119,7 +119,8 @@ const BenchCommandRegistration kBenchMemory{
               ->add_option("--reshard-after-forward", o.reshard_after_forward,
                            "--strategy fsdp: free each unit's gathered parameters after its forward (true, ZeRO-3) "
                            "or keep them until its backward (false)")
-              ->default_str("true");
+              ->default_str("true")
+              ->check(true_or_false());
       memory->add_option("--threads", flags->driver.threads, "Intra-op threads per rank, at most the cores")
           ->capture_default_str()
           ->check(between<int>(1, cores));

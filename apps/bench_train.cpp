@@ -226,7 +226,8 @@ const BenchCommandRegistration kBenchTrain{
               ->add_option("--reshard-after-forward", train_flags->reshard_after_forward,
                            "--strategy fsdp: free each unit's gathered parameters after its forward (true, ZeRO-3) "
                            "or keep them until its backward (false); PyTorch's side alike")
-              ->default_str("true");
+              ->default_str("true")
+              ->check(true_or_false());
       train->add_option("--compare", train_flags->compare,
                         "Also run PyTorch's Python DDP (with --strategy fsdp: FSDP2's fully_shard): pytorch")
           ->check(CLI::IsMember({"pytorch"}));

@@ -13,6 +13,20 @@
 
 namespace tandem::app {
 
+// LibTorch's refusals that a wrong setting of the program causes, as what to change: LibTorch names its own
+// arguments, which the user never gave.
+inline std::string with_remedy(const std::string& line) {
+  // torch::nn::functional::batch_norm's check, met by a BatchNorm layer in training mode on a batch of one
+  // sample per rank (--batch-size 1, or the last batch of an epoch under --uneven).
+  static const std::string kOneValuePerChannel = "Expected more than 1 value per channel when training, got input size ";
+  const size_t at = line.find(kOneValuePerChannel);
+  if (at == std::string::npos) return line;
+  return "a batch of 1 sample per rank reached a BatchNorm layer in training mode, whose statistics need more "
+         "than one value per channel (its input was " +
+         line.substr(at + kOneValuePerChannel.size()) +
+         "); use a batch size of 2 or more per rank, or a model without BatchNorm";
+}
+
 // `error`'s message as one line, with the library's option names written as the program's flags
 // (option_names.h).
 inline std::string error_line(const std::exception& error) {
@@ -32,7 +46,7 @@ inline std::string error_line(const std::exception& error) {
     while (at + 1 < text.size() && text[at + 1] == ' ') ++at;
     if (at + 1 < text.size()) line += "; ";
   }
-  return with_flag_names(line);
+  return with_flag_names(with_remedy(line));
 }
 
 }  // namespace tandem::app

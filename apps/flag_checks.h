@@ -136,6 +136,17 @@ CLI::Validator parsed_by(Parse parse, const std::string& form) {
       "");
 }
 
+// A bool flag that takes a value (--reshard-after-forward false): CLI11 reads any whole number as a bool, "2" as
+// true, which the help never offers and which is more likely a slip than a choice.
+inline CLI::Validator true_or_false() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "true" || text == "false") return {};
+        return fmt::format("must be true or false, not {}", text);
+      },
+      "true|false");
+}
+
 // Bounds that more than one command's flags share, where the flag's type allows far more than a run can use.
 // One 1024 x 1024 RGB image is 12 MiB as float32, and a ResNet's first activations 21 times that; models are
 // trained at 224 to 600. --image-size 20000 failed as an allocation of several GB per image.

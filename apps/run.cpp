@@ -57,7 +57,7 @@ std::function<int()> define_run(CLI::App& command) {
       "accepted too.");
   CLI::Option* nproc = command.add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
                                           "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)")
-                            ->check(at_least<int>(1));
+                            ->check(between<int>(1, launch::kMaxWorkersPerNode));
   command.add_option("--nnodes", flags->nnodes,
                      "Nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-backend c10d)")
       ->capture_default_str();

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/backend_flag.h"
@@ -19,6 +21,7 @@
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/monitor/timeline.h"
 #include "tandem/util/error.h"
+#include "tandem/util/log.h"
 #include "apps/program/training_program.h"
 
 namespace tandem::app {
@@ -35,6 +38,18 @@ constexpr int64_t kMostClasses = 100000;
 constexpr int kMostThreads = 1024;
 // Below a second the ranks cannot count on connecting: gloo's rendezvous gave up "after 0 s" at 0.001.
 constexpr double kShortestTimeoutSeconds = 1;
+
+// --init's file. A folder opens for reading as a file does, and was then read as one of 2^63 bytes.
+CLI::Validator not_a_folder() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        if (!std::filesystem::is_directory(path)) return {};
+        return fmt::format("{} is a folder; give a file in it: weights written by --save-weights, or a run dir's "
+                           "checkpoint-*.safetensors",
+                           path);
+      },
+      "");
+}
 
 struct TrainFlags {
   TrainingProgramOptions options;
@@ -54,6 +69,9 @@ struct TrainFlags {
   // needs --strategy fsdp.
   CLI::Option* check_replicas_every = nullptr;
   CLI::Option* reshard_after_forward = nullptr;
+  // Flags that only shape what another flag turns on: given without it they would do nothing, so they are refused.
+  std::vector<CLI::Option*> powersgd;  // --comm-hook powersgd
+  CLI::Option* timeline_steps_flag = nullptr;  // --timeline
 };
 
 train::Strategy parse_strategy(const std::string& name) {
@@ -63,6 +81,24 @@ train::Strategy parse_strategy(const std::string& name) {
 
 // The refusals that depend on which flags were given, not only on their values.
 void check_given_flags(TrainFlags& flags) {
+  const train::LoopOptions& loop = flags.options.loop;
+  for (const CLI::Option* option : flags.powersgd) {
+    if (option->count() > 0 && loop.comm_hook != "powersgd") {
+      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
+                                        option->get_name(), option->get_name()));
+    }
+  }
+  if (flags.timeline_steps_flag->count() > 0 && loop.timeline_path.empty()) {
+    throw InvalidArgument("--timeline-steps chooses the steps that --timeline records; add --timeline FILE or drop "
+                          "--timeline-steps");
+  }
+  if (flags.options.strict && flags.options.init_weights.empty()) {
+    throw InvalidArgument("--strict checks the weights that --init loads; add --init FILE or drop --strict");
+  }
+  if (flags.strategy == "dp" && flags.check_replicas_every->count() > 0) {
+    throw InvalidArgument("--check-replicas-every compares the ranks' replicas, and --strategy dp trains one process "
+                          "whose replicas are copied from its model at every step: drop --check-replicas-every");
+  }
   const bool fsdp = flags.strategy == "fsdp";
   if (!fsdp && flags.reshard_after_forward->count() > 0) {
     throw InvalidArgument("--reshard-after-forward needs --strategy fsdp: only fsdp's ranks free gathered parameters");
@@ -94,6 +130,18 @@ int default_threads(int environment_threads, int local_world_size) {
   return std::max(1, torch::get_num_threads() / std::max(1, local_world_size));
 }
 
+// Threads beyond the node's cores only take turns on them, each step paying for the switches; a shared machine's
+// user may still mean it, so the run goes on, after one line (from each node's first rank) that says so.
+void warn_threads_beyond_cores(int threads, const char* source, const comm::RankLayout& layout) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (layout.local_rank != 0 || static_cast<int64_t>(threads) * layout.local_world_size <= cores) return;
+  log::warn("{} gives each of this node's {} rank{} {} intra-op threads, {} in all on its {} cores: the threads beyond "
+            "the cores only take turns and slow every step; give --threads {} or fewer",
+            source, layout.local_world_size, layout.local_world_size == 1 ? "" : "s", threads,
+            static_cast<int64_t>(threads) * layout.local_world_size, cores,
+            std::max(1, cores / layout.local_world_size));
+}
+
 int run_train(TrainFlags& flags) {
   train::LoopOptions& loop = flags.options.loop;
   loop.shuffle = !flags.no_shuffle;
@@ -115,8 +163,12 @@ int run_train(TrainFlags& flags) {
   init.backend = flags.backend;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
   ProcessGroup& group = init_process_group(init);
-  torch::set_num_threads(flags.threads > 0 ? flags.threads
-                                            : default_threads(environment_threads, group.layout().local_world_size));
+  const int threads =
+      flags.threads > 0 ? flags.threads : default_threads(environment_threads, group.layout().local_world_size);
+  if (flags.threads > 0 || environment_threads > 0) {
+    warn_threads_beyond_cores(threads, flags.threads > 0 ? "--threads" : "OMP_NUM_THREADS", group.layout());
+  }
+  torch::set_num_threads(threads);
   loop.device = group.device();
   try {
     run_training(flags.options, group.communicator_ptr());
@@ -156,12 +208,12 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--uneven", o.uneven_inputs, "every training sample once per epoch: no padding to a multiple of the ranks and no dropped last batch; a rank out of batches answers the others' steps with zero gradients (Join), and each step averages over the ranks that trained");
   command.add_option("--accumulate-batches", o.accumulate_batches, "batches per optimizer step: all but the last under no_sync (gradients add up locally), each loss divided by their count, so a step trains on their mean as on one batch that many times larger")->capture_default_str()->check(at_least<int64_t>(1));
   command.add_option("--comm-hook", o.comm_hook, "how DDP reduces gradients between processes: average, fp16 or bf16 (compressed to 16 bits on the wire), powersgd (low-rank compression with error feedback)")->capture_default_str()->check(CLI::IsMember(ddp::comm_hook_names()));
-  command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least<int64_t>(1));
-  command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least<int64_t>(2));
+  flags->powersgd.push_back(command.add_option("--powersgd-rank", o.powersgd.matrix_approximation_rank, "--comm-hook powersgd: rank of each gradient's approximation (PyTorch's matrix_approximation_rank)")->capture_default_str()->check(at_least<int64_t>(1)));
+  flags->powersgd.push_back(command.add_option("--powersgd-start", o.powersgd.start_powersgd_iter, "--comm-hook powersgd: steps of plain averaging before compression (PyTorch's start_powerSGD_iter, at least 2)")->capture_default_str()->check(at_least<int64_t>(2)));
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD of finite numbers with STD above 0 (e.g. 0.2860,0.3530)"));
   command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
-  command.add_option("--init,--weights", p.init_weights, "safetensors weights (--save-weights, a PyTorch state dict) or a tandem checkpoint, full or sharded, whose model to start from (mismatched tensors are skipped and listed)");
+  command.add_option("--init,--weights", p.init_weights, "safetensors weights (--save-weights, a PyTorch state dict) or a tandem checkpoint, full or sharded, whose model to start from (mismatched tensors are skipped and listed)")->check(not_a_folder());
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
@@ -174,12 +226,12 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32 (--strategy fsdp: the shards stay float32 and the gathered copies it computes on are bfloat16 or float16)")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state unless --checkpoint-format sharded; with --precision bf16-mixed or 16-mixed it computes on bfloat16 or float16 parameters gathered from float32 shards and reduces gradients in float32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));
-  flags->reshard_after_forward = command.add_option("--reshard-after-forward", o.fsdp.reshard_after_forward, "--strategy fsdp: true frees each unit's gathered parameters after its forward and gathers them again in backward (ZeRO-3); false keeps them until backward (more memory, one all-gather fewer)")->default_str("true");
+  flags->reshard_after_forward = command.add_option("--reshard-after-forward", o.fsdp.reshard_after_forward, "--strategy fsdp: true frees each unit's gathered parameters after its forward and gathers them again in backward (ZeRO-3); false keeps them until backward (more memory, one all-gather fewer)")->default_str("true")->check(true_or_false());
   command.add_option("--dp-replicas", p.dp_replicas, "--strategy dp: replicas (default: every visible GPU with --device cuda, else one per intra-op thread)")->check(between<int>(1, kMostThreads));
   command.add_flag("--no-tensorboard", flags->no_tensorboard, "do not write TensorBoard's event file into the run dir (loss, accuracy, learning_rate, samples_per_second per epoch; step/loss, step/learning_rate per step)");
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
   command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");
-  command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str()->check(parsed_by(monitor::parse_step_window, "FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25)"));
+  flags->timeline_steps_flag = command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str()->check(parsed_by(monitor::parse_step_window, "FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25)"));
   command.add_option("--backend", flags->backend, backend_flag_help("--device resolves"));
   command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->capture_default_str()->check(between(kShortestTimeoutSeconds, double{kLongestTimeoutSeconds}));
   return [flags] { return run_train(*flags); };

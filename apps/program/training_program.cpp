@@ -50,7 +50,9 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
 }
 
 // The resolved configuration as `key: value` lines, what rank 0 prints at the run's start.
-std::string describe(const TrainingProgramOptions& program, const data::DataFolder& data, int world_size) {
+// `checkpoint`: the one the run continues from, empty for a new run.
+std::string describe(const TrainingProgramOptions& program, const data::DataFolder& data, int world_size,
+                     const std::string& checkpoint) {
   const train::LoopOptions& o = program.loop;
   const data::DataFolderOptions& folder = program.data;
   std::string out;
@@ -103,7 +105,8 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("freeze layers", program.freeze_layers ? "yes" : "no");
   line("save weights", program.save_weights.empty() ? "no" : program.save_weights);
   line("run dir", o.run_dir);
-  line("resume", o.resume ? "yes" : "no");
+  // A run dir that holds a checkpoint is continued with or without --resume: the line says what happens.
+  line("resume", checkpoint.empty() ? "no (a new run)" : "from " + checkpoint);
   line("uneven inputs", o.uneven_inputs ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
   line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
@@ -210,10 +213,10 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
 
   train::Loop loop(options.loop, communicator);
   train::LoopCallbacks& callbacks = loop.callbacks();
-  callbacks.on_run_start = [&](const std::string& run_dir) {
+  callbacks.on_run_start = [&](const std::string& run_dir, const std::string& checkpoint) {
     options.loop.run_dir = run_dir;
     if (!is_main) return;
-    log::write("", "training configuration:\n" + describe(options, data, world));
+    log::write("", "training configuration:\n" + describe(options, data, world, checkpoint));
     if (!data.classes.empty()) data::write_class_list(data.classes, run_dir + "/class_indices.json");
   };
   if (data.image_train) {

@@ -20,13 +20,14 @@ ProcessGroup::ProcessGroup(comm::RankLayout layout, torch::Device device, comm::
 
 ProcessGroup& init_process_group(const InitOptions& options) {
   if (default_group_) throw InvalidArgument("init_process_group() was already called in this process");
+  comm::require_whole_rank_environment(options.layout);
   comm::RankLayout layout = comm::detect_rank_layout(options.layout);
   log::set_identity(layout.rank, layout.world_size);
   const torch::Device device = select_device(options.device, layout.local_rank);
   make_current(device);
   std::string backend = options.backend.empty() ? comm::default_backend(device) : options.backend;
   comm::StorePtr store = comm::make_rendezvous_store(backend, options.init_method, layout, options.timeout);
-  if (layout.distributed()) comm::join(*store, layout.rank, layout.world_size, options.timeout);
+  if (layout.distributed()) comm::join(store, layout.rank, layout.world_size, options.timeout);
   comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, options.timeout, device);
   default_group_ = std::make_unique<ProcessGroup>(layout, device, store, communicator);
   return *default_group_;

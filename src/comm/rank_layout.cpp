@@ -97,6 +97,26 @@ EnvLookup process_environment() {
   };
 }
 
+void require_whole_rank_environment(const ExplicitLayout& given, const EnvLookup& env) {
+  if (given.rank || given.world_size) return;
+  if (const auto rank = env("RANK")) {
+    if (env("WORLD_SIZE")) return;
+    throw InvalidArgument(fmt::format("environment variable RANK={} is set without WORLD_SIZE; set WORLD_SIZE to "
+                                      "the number of ranks too (tandem run sets both), or unset RANK to train alone",
+                                      *rank));
+  }
+  if (env("SLURM_PROCID") || env("OMPI_COMM_WORLD_RANK")) return;
+  for (const char* name : {"WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (const auto value = env(name)) {
+      throw InvalidArgument(fmt::format("environment variable {}={} is set without RANK, which would leave this "
+                                        "process training alone as world size 1; start the ranks with tandem run "
+                                        "(which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), set RANK too, "
+                                        "or unset {} to train alone",
+                                        name, *value, name));
+    }
+  }
+}
+
 RankLayout detect_rank_layout(const ExplicitLayout& given, const EnvLookup& env) {
   RankLayout layout;
   if (env("RANK")) {

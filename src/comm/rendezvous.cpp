@@ -4,8 +4,12 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <c10/util/Logging.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "tandem/util/error.h"
@@ -24,6 +28,22 @@ std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(byte
 
 double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
+// Keeps c10d's warnings off the terminal while it lives. A TCPStore client logs every failed attempt to reach
+// its server (an unresolvable MASTER_ADDR, a rank 0 not up yet) at WARNING, about one a second until the
+// timeout; the CommError thrown at the end says once what failed. c10d's log level is c10's caffe2_log_level
+// (c10d/logging.h) in every LibTorch tandem builds on.
+class QuietC10dWarnings {
+ public:
+  QuietC10dWarnings() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max(saved_, kAboveError); }
+  ~QuietC10dWarnings() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dWarnings(const QuietC10dWarnings&) = delete;
+  QuietC10dWarnings& operator=(const QuietC10dWarnings&) = delete;
+
+ private:
+  static constexpr int kAboveError = 3;  // c10's FATAL: c10d logs nothing at that level
+  int saved_;
+};
+
 // Rank 0 hosts the store, unless the launcher does (launcher_serves) and every rank connects to it.
 StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves, const RankLayout& layout,
                         std::chrono::milliseconds timeout) {
@@ -36,6 +56,7 @@ StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves,
   options.waitWorkers = false;
   options.timeout = timeout;
   try {
+    const QuietC10dWarnings quiet;
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& error) {
     if (serve) {
@@ -113,12 +134,60 @@ StorePtr make_store(const std::string& init_method, const RankLayout& layout, st
       fmt::format("unknown init method '{}': use env://, tcp://HOST:PORT or file:///PATH", init_method));
 }
 
-void join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
+namespace {
+
+// Claims that a process at the store's address can bear: one per process given the rank, so any more is an
+// answer of something that is not a c10d store.
+constexpr int64_t kMostClaims = 1 << 20;
+
+// Claims `rank` in the store and returns its claims so far, 1 unless another process was given the rank: the
+// first request of a rank, so the one that finds out whether the store's address holds a store at all. The
+// TCPStore client of LibTorch 1.13 waits for an answer without a deadline, and a port where something accepts
+// connections but never answers hung the rank whatever its timeout; so the request runs on a thread of its own,
+// which holds the store, and past `timeout` the rank fails and leaves that thread waiting.
+int64_t claim_rank(const StorePtr& store, int rank, std::chrono::milliseconds timeout) {
+  auto answer = std::make_shared<std::promise<int64_t>>();
+  std::future<int64_t> claims = answer->get_future();
+  std::thread([store, answer, key = join_key(rank) + "/claims"] {
+    try {
+      answer->set_value(store->add(key, 1));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  const std::string not_a_store =
+      "check that MASTER_ADDR and MASTER_PORT name rank 0's rendezvous store (or tandem run's), not another service";
+  if (claims.wait_for(timeout) != std::future_status::ready) {
+    throw CommError(fmt::format("rank {} connected to the rendezvous store's address but got no answer within {:.0f} "
+                                "s: what listens there is no store; {}",
+                                rank, seconds(timeout), not_a_store));
+  }
+  int64_t count = 0;
+  try {
+    count = claims.get();
+  } catch (const std::exception& error) {
+    throw CommError(fmt::format("rank {}'s first request to the rendezvous store failed ({}); {}", rank, error.what(),
+                                not_a_store));
+  }
+  if (count < 1 || count > kMostClaims) {
+    throw CommError(fmt::format("rank {}'s first request to the rendezvous store got an answer no store gives (a "
+                                "count of {} claims to the rank); {}",
+                                rank, count, not_a_store));
+  }
+  return count;
+}
+
+}  // namespace
+
+void join(const StorePtr& store_ptr, int rank, int world_size, std::chrono::milliseconds timeout) {
+  c10d::Store& store = *store_ptr;
   std::string me = join_key(rank);
   // add() is atomic, so two processes given the same rank cannot both believe they are first.
-  if (store.add(me + "/claims", 1) > 1) {
-    throw InvalidArgument(fmt::format(
-        "rank {} was claimed by two processes; give each process a distinct RANK (0..{})", rank, world_size - 1));
+  const int64_t claims = claim_rank(store_ptr, rank, timeout);
+  if (claims > 1) {
+    throw InvalidArgument(fmt::format("rank {} was claimed by {} processes; give each process a distinct RANK (0..{}), "
+                                      "and each job its own MASTER_PORT (another job's store holds its own ranks)",
+                                      rank, claims, world_size - 1));
   }
   std::string identity = fmt::format("{} {}", world_size, ::getpid());
   store.set(me, std::vector<uint8_t>(identity.begin(), identity.end()));

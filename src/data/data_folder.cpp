@@ -36,6 +36,11 @@ void refuse_image_folder_options(const DataFolderOptions& o) {
                                       "(tandem export-images DIR) to train on crops",
                                       o.min_crop_scale, o.dir));
   }
+  if (o.skip_bad_images) {
+    throw InvalidArgument(fmt::format("`skip_bad_images`: {} holds MNIST files, whose images are read whole from "
+                                      "their IDX files, with no image file to skip; drop `skip_bad_images`",
+                                      o.dir));
+  }
 }
 
 DataFolder open_mnist_files(DataFolderOptions& o) {
@@ -61,6 +66,14 @@ DataFolder open_mnist_files(DataFolderOptions& o) {
 }
 
 DataFolder open_image_folder(DataFolderOptions& o) {
+  // The image transform normalises with ImageNet's statistics (image_transform.h); MNIST's MEAN,STD is no
+  // setting of it.
+  if (o.normalization) {
+    throw InvalidArgument(fmt::format("`normalization` {},{}: {} is an image folder, whose images are normalised "
+                                      "with ImageNet's mean and std per channel; drop `normalization`, which is "
+                                      "for MNIST files",
+                                      o.normalization->mean, o.normalization->std, o.dir));
+  }
   DataFolder d;
   if (!o.val_split) o.val_split = 0.2;
   ImageFolderSplit split = read_split_data(o.dir, *o.val_split, o.seed);

@@ -62,7 +62,11 @@ EncodedImage read_encoded_image(const std::string& path) {
   const std::streamoff file_size = file.tellg();
   file.seekg(0, std::ios::beg);
   if (file_size < 0) fail_decode(path, "cannot tell its size");
-  if (file_size > INT_MAX) fail_decode(path, "larger than 2 GiB");
+  if (file_size > INT_MAX) {
+    fail_decode(path, detail::concat("the file is ", file_size, " bytes, over the ", INT_MAX,
+                                     " bytes (2 GiB) an image file may have; save it smaller or with more "
+                                     "compression"));
+  }
   encoded.bytes.resize(static_cast<size_t>(file_size));
   file.read(reinterpret_cast<char*>(encoded.bytes.data()), file_size);
   if (file.gcount() != file_size) fail_decode(path, "read error");
@@ -93,7 +97,8 @@ EncodedImage read_encoded_image(const std::string& path) {
   }
   if (int64_t{encoded.width} * encoded.height > kMaxImagePixels) {
     fail_decode(path, detail::concat(encoded.width, " x ", encoded.height, " pixels, over tandem's limit of ",
-                                     kMaxImagePixels, "; scale the image down"));
+                                     kMaxImagePixels, " pixels (", kMaxImagePixels >> 20,
+                                     " megapixels, e.g. 8192 x 4096); scale the image down to at most that"));
   }
   return encoded;
 }

@@ -1,5 +1,7 @@
 #include "tandem/data/image_folder.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -79,9 +81,18 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
       ++skipped_;
       continue;
     }
+    ++loaded_;
     kept_rows.push_back(i);
     batch.indices.push_back(indices[i]);
     targets.push_back(samples_[indices[i]].label);
+  }
+  if (kept_rows.empty() && count > 0 && loaded_.load() == 0) {
+    // SAMPLE = FOLDER/CLASS/FILE
+    const auto folder = std::filesystem::path(samples_[indices.front()].path).parent_path().parent_path();
+    throw InvalidArgument(fmt::format("the first {} images read from {} were all unreadable, and `skip_bad_images` "
+                                      "leaves nothing to train on; check the images (without `skip_bad_images` the "
+                                      "first bad one is named)",
+                                      skipped_.load(), folder.string()));
   }
   batch.data = static_cast<int64_t>(kept_rows.size()) == count
                    ? data

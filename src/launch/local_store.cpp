@@ -10,7 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
@@ -43,6 +45,43 @@ std::pair<int, int> listen_on(const std::string& address, int port) {
   return {fd, ntohs(bound.sin_port)};
 }
 
+// Room the workers' FileStore gets before any starts: the store appends each request to its file, a few KB for
+// a rendezvous of many workers. A FileStore that cannot write threw std::system_error from a destructor in every
+// worker, which ended each in std::terminate's crash report instead of an error line.
+constexpr size_t kStoreRoomBytes = size_t{1} << 20;
+
+// The folder the FileStore's directory goes in: $TMPDIR, else /tmp, as std::filesystem::temp_directory_path()
+// picks it (whose own error names neither the variable nor the folder).
+std::filesystem::path temp_folder() {
+  std::error_code error;
+  std::filesystem::path folder = std::filesystem::temp_directory_path(error);
+  if (!error) return folder;
+  const char* tmpdir = std::getenv("TMPDIR");
+  throw InvalidArgument(fmt::format("TMPDIR={} is not a folder ({}): tandem run keeps its rendezvous store in "
+                                    "TMPDIR; create that folder, or point TMPDIR at one (unset, it is /tmp)",
+                                    tmpdir ? tmpdir : "", error.message()));
+}
+
+// Writes kStoreRoomBytes into `directory` and takes them back; throws when they do not fit.
+void require_store_room(const std::string& directory) {
+  const std::string probe = directory + "/room";
+  bool fits = false;
+  {
+    std::ofstream out(probe, std::ios::binary);
+    const std::string block(kStoreRoomBytes, '\0');
+    fits = static_cast<bool>(out.write(block.data(), static_cast<std::streamsize>(block.size())).flush());
+  }
+  const int error = errno;
+  std::error_code ignored;
+  std::filesystem::remove(probe, ignored);
+  if (fits) return;
+  std::filesystem::remove_all(directory, ignored);
+  throw CommError(fmt::format("{} has no room for tandem run's rendezvous store ({} MiB; {}): free space there, or "
+                              "point TMPDIR at another folder",
+                              std::filesystem::path(directory).parent_path().string(), kStoreRoomBytes >> 20,
+                              std::strerror(error)));
+}
+
 }  // namespace
 
 LocalStore::LocalStore(const std::string& address, int port) {
@@ -64,12 +103,15 @@ LocalStore::LocalStore(const std::string& address, int port) {
   // The port stays MASTER_PORT for programs other than tandem's, which open their own store there as they
   // would under torchrun; tandem's workers do not use it.
   ::close(fd);
-  std::string directory = (std::filesystem::temp_directory_path() / "tandem-run-XXXXXX").string();
+  const std::filesystem::path folder = temp_folder();
+  std::string directory = (folder / "tandem-run-XXXXXX").string();
   // mkdtemp creates it with mode 0700.
   if (::mkdtemp(directory.data()) == nullptr) {
-    throw CommError(fmt::format("cannot create a directory for the rendezvous store in {}: {}",
-                                std::filesystem::temp_directory_path().string(), std::strerror(errno)));
+    throw CommError(fmt::format("cannot create a directory for the rendezvous store in {} (TMPDIR): {}; free space "
+                                "there or point TMPDIR at another folder",
+                                folder.string(), std::strerror(errno)));
   }
+  require_store_room(directory);
   file_store_directory_ = directory;
 }
 

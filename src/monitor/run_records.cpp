@@ -41,26 +41,34 @@ int64_t whole_number(const json& object, const char* key) {
   return field->get<int64_t>();
 }
 
-// Calls `take` with each line's object. A last line that does not parse is the one a killed run was writing:
-// it is left out with a note. Any other bad line throws InvalidArgument naming the file and the line.
+// Calls `take` with each line's object. A last line that does not parse and lacks its newline is the one a killed
+// run was writing: it is left out with a note. Any other bad line, a complete last one too (the run writes each
+// line with its newline at once), throws InvalidArgument naming the file and the line.
 void for_each_json_line(const std::string& path, std::vector<std::string>& notes,
                         const std::function<void(const json&)>& take) {
   std::ifstream file(path);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(file, line);) lines.push_back(line);
-  while (!lines.empty() && lines.back().find_first_not_of(" \t\r") == std::string::npos) lines.pop_back();
+  bool last_line_ended = true;
+  for (std::string line; std::getline(file, line);) {
+    lines.push_back(line);
+    last_line_ended = !file.eof();
+  }
+  while (!lines.empty() && lines.back().find_first_not_of(" \t\r") == std::string::npos) {
+    lines.pop_back();
+    last_line_ended = true;
+  }
   const std::string name = std::filesystem::path(path).filename().string();
   for (size_t index = 0; index < lines.size(); ++index) {
     if (lines[index].find_first_not_of(" \t\r") == std::string::npos) continue;
     const json object = json::parse(lines[index], nullptr, /*allow_exceptions=*/false);
-    const bool last = index + 1 == lines.size();
-    if (!object.is_object() && last) {
+    const bool torn = index + 1 == lines.size() && !last_line_ended;
+    if (!object.is_object() && torn) {
       notes.push_back(fmt::format("{}: left out its torn last line {} (the run was stopped while writing it)", name,
                                   index + 1));
       continue;
     }
     try {
-      if (!object.is_object()) throw FieldError("not a JSON object");
+      if (!object.is_object()) throw FieldError(object.is_discarded() ? "not valid JSON" : "not a JSON object");
       take(object);
     } catch (const FieldError& error) {
       throw InvalidArgument(fmt::format("{} line {}: {}; it is not a file tandem train wrote, or was edited: fix "

@@ -125,7 +125,7 @@ TrainResult Run::execute() {
     if (eval_set_) data::verify_ranks_hold_same_data(*communicator_, *eval_set_, "evaluation data");
   }
   if (callbacks_.on_run_start) {
-    comm::run_on_all_ranks(communicator_, "at the run's start", [&] { callbacks_.on_run_start(options_.run_dir); });
+    comm::run_on_all_ranks(communicator_, "at the run's start", [&] { callbacks_.on_run_start(options_.run_dir, start.checkpoint); });
   }
   wrap_model();
   if (!start.checkpoint.empty()) resume_from(start.checkpoint);
@@ -139,6 +139,9 @@ TrainResult Run::execute() {
   result.run_dir = options_.run_dir;
   stop_ = steps_exhausted();
   for (int epoch = resumed_.epoch; epoch < options_.epochs && !stop_; ++epoch) {
+    // The epoch's rate before its first step sets it: an epoch that a resume finds with no step left (a larger
+    // global batch than the rest of its samples) still records the rate it trained at, not the optimizer's.
+    set_lr(epoch);
     EpochProgress progress;
     if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
       progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_samples,

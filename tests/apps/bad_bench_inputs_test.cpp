@@ -160,6 +160,14 @@ std::vector<BadInput> bad_inputs() {
       {"DataZeroEpochs", bench_data({"--epochs", "0"}), {"--epochs", "from 1 to", "not 0"}},
       {"DataNegativeWarmup", bench_data({"--warmup-epochs", "-1"}), {"--warmup-epochs", "from 0 to", "not -1"}},
       {"DataZeroRounds", bench_data({"--rounds", "0"}), {"--rounds", "from 1 to", "not 0"}},
+      // tandem train refused a negative seed; bench data took it as 18446744073709551615 (issue 41).
+      {"DataNegativeSeed", bench_data({"--seed", "-1"}),
+       {"--seed: must be a whole number from 0 to 18446744073709551615, not -1"}},
+      // CLI11 read any whole number as a bool: 2 was true.
+      {"TrainReshardAfterForwardNotABool", bench_train({"--strategy", "fsdp", "--reshard-after-forward", "2"}),
+       {"--reshard-after-forward: must be true or false, not 2"}},
+      {"MemoryReshardAfterForwardNotABool", {"bench", "memory", "--strategy", "fsdp", "--reshard-after-forward", "2"},
+       {"--reshard-after-forward: must be true or false, not 2"}},
       {"DataUnknownComparison", bench_data({"--compare", "pil"}), {"--compare", "pil", "torchvision"}},
       {"DataScriptWithoutCompare", bench_data({"--torchvision-script", "/nonexistent/x.py"}),
        {"--torchvision-script is only read with --compare torchvision"}},

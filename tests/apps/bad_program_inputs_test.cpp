@@ -15,8 +15,10 @@
 #include "apps/error_line.h"
 #include "apps/unknown_command.h"
 #include "support/bad_input.h"
+#include "support/listening_sockets.h"
 #include "support/processes.h"
 #include "tandem/config.h"
+#include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 
 namespace tandem::app::bad_program_inputs {
@@ -50,6 +52,10 @@ std::vector<BadInput> bad_inputs() {
       {"ReportOnAFolderWithoutMetrics", {"report", fixture("empty_folder")},
        {"tandem: error: ", fixture("empty_folder/metrics.jsonl") + " not found", "not a run directory"}},
       {"ReportOnAMissingFolder", {"report", fixture("absent")}, {"run directory " + fixture("absent") + " not found"}},
+      // A complete last line (it ends in its newline) is no line a killed run was writing: it was called torn.
+      {"ReportOnAnInvalidLastLine", {"report", fixture("invalid_last_line")},
+       {"tandem: error: ", fixture("invalid_last_line/metrics.jsonl") + " line 2: not valid JSON",
+        "fix or delete the line"}},
       {"ReportOutputIsAFolder", {"report", fixture("empty_folder"), "-o", fixture("empty_folder")},
        {"tandem: error: --output", fixture("empty_folder") + " is a folder; give the HTML file to write"}},
       {"ReportOutputIsACheckpointOfTheRun",
@@ -58,7 +64,7 @@ std::vector<BadInput> bad_inputs() {
         "is the run's own file checkpoint-0001-00000000.safetensors", "outside the run dir"}},
       // tandem run: ranges checked before anything starts
       {"RunTooManyWorkers", {"run", "--nproc-per-node", "100000", "--", "true"},
-       {"tandem: error: --nproc-per-node 100000", "at most 1024"}},
+       {"tandem: error: --nproc-per-node: must be a whole number from 1 to 1024, not 100000"}},
       {"RunZeroWorkers", {"run", "--nproc-per-node", "0", "--", "true"}, {"--nproc-per-node: must be a whole number from 1 to", "not 0"}},
       {"RunZeroNodes", {"run", "--nnodes", "0", "--", "true"}, {"--nnodes '0' is not a number of nodes", "MIN:MAX"}},
       // tandem run: elastic jobs (--rdzv-backend c10d), refused before any store is reached
@@ -137,6 +143,10 @@ class BadProgramInput : public ::testing::TestWithParam<BadInput> {
     std::ofstream(fixture("a_run/metrics.jsonl")) << "";
     std::ofstream(fixture("a_run/checkpoint-0001-00000000.safetensors")) << "a checkpoint";
     std::ofstream(fixture("images_only/train-images-idx3-ubyte.gz")) << "";
+    std::filesystem::create_directories(fixture("invalid_last_line"));
+    std::ofstream(fixture("invalid_last_line/metrics.jsonl"))
+        << R"({"epoch":0,"loss":0.5,"lr":0.1,"samples_per_second":10,"train_seconds":1,"step":4})" << "\n"
+        << "{\"epoch\":1,\"loss\":0.4,}\n";
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(fixture_root()); }
 };
@@ -179,6 +189,91 @@ TEST_F(BadProgramInput, MasterAddrThatNamesNoHostIsRefusedBeforeAnyWorker) {
                                     {"run", "--nnodes", "2", "--master-addr", "garbage.invalid", "--", "true"},
                                     {"tandem: error: --master-addr garbage.invalid names no host",
                                      "give node 0's address"}});
+}
+
+// Before LibTorch 2.8 `tandem run` keeps its workers' rendezvous store in a folder under TMPDIR (from 2.8 it
+// serves a TCP store from its own socket and needs no folder).
+bool run_keeps_its_store_in_tmpdir() { return !TANDEM_TORCH_VERSION_AT_LEAST(2, 8); }
+
+// The folder's own error was "filesystem error: temp_directory_path: No such file or directory", naming neither
+// TMPDIR nor the folder.
+TEST_F(BadProgramInput, RunWithAMissingTmpdirNamesIt) {
+  if (!run_keeps_its_store_in_tmpdir()) GTEST_SKIP() << "this LibTorch's tandem run keeps no store in TMPDIR";
+  testing::expect_one_line_refusal({"RunTmpdirMissing",
+                                    {"run", "--nproc-per-node", "2", "--", "true"},
+                                    {"tandem: error: TMPDIR=" + fixture("absent") + " is not a folder",
+                                     "create that folder, or point TMPDIR at one"},
+                                    2,
+                                    /*only_line=*/true,
+                                    {{"TMPDIR", fixture("absent")}}});
+}
+
+// A full TMPDIR (a 64 KiB tmpfs, filled, in a mount namespace of its own): every worker's FileStore threw
+// std::system_error from a destructor, and std::terminate's report was each rank's last word.
+TEST_F(BadProgramInput, RunWithAFullTmpdirIsOneLineBeforeAnyWorker) {
+  if (!run_keeps_its_store_in_tmpdir()) GTEST_SKIP() << "this LibTorch's tandem run keeps no store in TMPDIR";
+  const std::string full = fixture("full_tmpdir");
+  std::filesystem::create_directories(full);
+  if (testing::run_process({"unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs " + full}, {},
+                           std::chrono::seconds(30))
+          .exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs root)";
+  }
+  const std::string tandem = testing::tandem_cli();
+  const std::string script = "mount -t tmpfs -o size=64k tmpfs " + full + " && (dd if=/dev/zero of=" + full +
+                             "/fill bs=1k count=128 2>/dev/null; true) && TMPDIR=" + full + " exec " + tandem +
+                             " run --nproc-per-node 2 -- " + tandem + " train --data " + fixture("absent") +
+                             " --timeout 10 --run-dir " + fixture("full_tmpdir_run");
+  const testing::ProcessResult result =
+      testing::run_process({"unshare", "-m", "sh", "-c", script}, {}, std::chrono::seconds(120));
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output, "tandem: error: " + full + " has no room for tandem run's rendezvous store (1 MiB; No "
+                           "space left on device): free space there, or point TMPDIR at another folder\n");
+}
+
+// A port where something accepts connections and never answers: c10d's store client waited for its answer
+// whatever --timeout said, and the rank hung.
+TEST_F(BadProgramInput, MasterPortThatNeverAnswersFailsWithinTheTimeout) {
+  testing::HeldPort silent;
+  const testing::ProcessResult result = testing::expect_one_line_refusal(
+      {"SilentMasterPort",
+       {"train", "--data", fixture("absent"), "--timeout", "2", "--run-dir", fixture("silent_port_run")},
+       {"[tandem rank 1/2] error: rank 1 connected to the rendezvous store's address but got no answer within 2 s",
+        "check that MASTER_ADDR and MASTER_PORT name rank 0's rendezvous store"},
+       1,
+       /*only_line=*/true,
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(silent.port())}}});
+  EXPECT_FALSE(result.timed_out);
+}
+
+// An address that names no host: c10d logged a warning for every attempt to reach it, one a second until the
+// timeout, before the rank's own error line.
+TEST_F(BadProgramInput, MasterAddrThatNamesNoHostIsOneLineFromTheRank) {
+  addrinfo* found = nullptr;
+  const int lookup = getaddrinfo("garbage.invalid", nullptr, nullptr, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (lookup != EAI_NONAME) GTEST_SKIP() << "this resolver gives no definite answer for garbage.invalid";
+  testing::expect_one_line_refusal(
+      {"UnresolvableMasterAddr",
+       {"train", "--data", fixture("absent"), "--timeout", "3", "--run-dir", fixture("unresolvable_run")},
+       {"[tandem rank 1/2] error: rank 1 could not reach the rendezvous master at garbage.invalid:29999 within 3 s"},
+       1,
+       /*only_line=*/true,
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "garbage.invalid"}, {"MASTER_PORT", "29999"}}});
+}
+
+// `tandem run --help` offered --nproc-per-node up to 2^31 - 1 where 1024 is the limit: each flag's help shows the
+// range its check accepts.
+TEST(ProgramHelp, RunShowsTheWorkersItAccepts) {
+  const testing::ProcessResult result = testing::run_process({testing::tandem_cli(), "run", "--help"}, {},
+                                                             std::chrono::seconds(60));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const size_t flag = result.output.find("--nproc-per-node");
+  ASSERT_NE(flag, std::string::npos) << result.output;
+  const std::string line = result.output.substr(flag, result.output.find('\n', flag) - flag);
+  EXPECT_NE(line.find("1 to 1024"), std::string::npos) << line;
 }
 
 // LibTorch's errors reach main() with a backtrace in what(); the line keeps the message only. Most bad values are

@@ -6,6 +6,7 @@
 // ETA), and an image folder with --val-split 0 that reported an accuracy of 0 of 0 samples.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -204,6 +205,86 @@ TEST(TrainRunOutput, NothingToEvaluateIsSaidOnceAndNoAccuracyIsWritten) {
     EXPECT_EQ(events.find("accuracy"), std::string::npos) << entry.path();
   }
   EXPECT_EQ(event_files, 1);
+}
+
+// A run dir that holds a checkpoint is continued without --resume: the configuration said "resume: no" and the
+// run then resumed (issue 41).
+TEST(TrainRunOutput, TheConfigurationNamesTheCheckpointAContinuedRunResumesFrom) {
+  const std::string data = testing::write_tiny_mnist("resume_line", 32, 8);
+  const std::string run_dir = make_temp_dir("resume_line_run") + "/run";
+  const testing::ProcessResult first = run_tandem(train_args(data, run_dir, {}));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_TRUE(std::regex_search(first.output, std::regex(R"(\n +resume: +no \(a new run\)\n)"))) << first.output;
+  const testing::ProcessResult second = run_tandem(train_args(data, run_dir, {"--epochs", "2"}));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resume:        from " + run_dir + "/" + kFirstCheckpoint), std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+}
+
+// The 32 samples' epoch stopped after 3 steps of 8, then continued with --batch-size 16: the 8 samples left make
+// no batch of 16, so the epoch ends without a step. Its line recorded the optimizer's rate as the program set it
+// (--lr, unscaled) rather than the rate of the epoch: the doubled global batch doubles the rate.
+TEST(TrainRunOutput, AnEpochAResumeEndsWithoutAStepRecordsItsRate) {
+  const std::string data = testing::write_tiny_mnist("no_step_rate", 32, 8);
+  const std::string run_dir = make_temp_dir("no_step_rate_run") + "/run";
+  const testing::ProcessResult first = run_tandem(train_args(data, run_dir, {"--steps", "3", "--lr", "0.25"}));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const testing::ProcessResult second = run_tandem(train_args(data, run_dir, {"--batch-size", "16", "--lr", "0.25"}));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("[epoch 0] loss "), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find(" lr 0.5\n"), std::string::npos) << second.output;
+}
+
+// Every image of the folder unreadable: --skip-bad-images skipped them all and trained on empty batches, exit 0
+// (or, with the CNN, failed in LibTorch's own words).
+TEST(TrainRunOutput, SkippingEveryImageIsOneLine) {
+  const std::string data = make_temp_dir("all_bad_images");
+  for (const char* label : {"a", "b"}) {
+    fs::create_directories(data + "/" + label);
+    for (int i = 0; i < 4; ++i) write_bytes(data + "/" + label + "/" + std::to_string(i) + ".png", "not a PNG");
+  }
+  const std::string run_dir = make_temp_dir("all_bad_images_run") + "/run";
+  testing::BadInput input{"AllImagesUnreadable",
+                          train_args(data, run_dir, {"--image-size", "16", "--val-split", "0", "--skip-bad-images"}),
+                          {"error: the first ", " images read from " + data + " were all unreadable",
+                           "--skip-bad-images leaves nothing to train on"},
+                          2,
+                          /*only_line=*/false};
+  const testing::ProcessResult result = testing::expect_one_line_refusal(input);
+  EXPECT_EQ(result.output.find("[epoch 0] loss"), std::string::npos) << "the epoch was reported:\n" << result.output;
+}
+
+// A ResNet's last BatchNorm sees 1x1 pixels at --image-size 32, so a batch of 1 is one value per channel: LibTorch's
+// own "Expected more than 1 value per channel when training" reached the user.
+TEST(TrainRunOutput, ABatchOfOneAtBatchNormSaysWhatToChange) {
+  const std::string data = testing::write_tiny_image_folder("batch_of_one", 2);
+  const std::string run_dir = make_temp_dir("batch_of_one_run") + "/run";
+  testing::BadInput input{"BatchOfOne",
+                          train_args(data, run_dir, {"--model", "resnet18", "--image-size", "32", "--batch-size", "1",
+                                                     "--val-split", "0"}),
+                          {"a batch of 1 sample per rank reached a BatchNorm layer in training mode",
+                           "use a batch size of 2 or more per rank"},
+                          1,
+                          /*only_line=*/false};
+  const testing::ProcessResult result = testing::expect_one_line_refusal(input);
+  EXPECT_EQ(result.output.find("Expected more than 1 value"), std::string::npos) << result.output;
+}
+
+// --threads far above the cores took turns on them without a word: the run goes on, after one warning.
+TEST(TrainRunOutput, ThreadsAboveTheCoresAreWarnedOfOnce) {
+  const std::string data = testing::write_tiny_mnist("many_threads", 16, 8);
+  const std::string run_dir = make_temp_dir("many_threads_run") + "/run";
+  std::vector<std::string> args = train_args(data, run_dir, {"--steps", "1"});
+  const auto threads = std::find(args.begin(), args.end(), "--threads");
+  *(threads + 1) = "1024";
+  const testing::ProcessResult result = run_tandem(args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string warning = "warning: --threads gives each of this node's 1 rank 1024 intra-op threads";
+  const size_t said = result.output.find(warning);
+  EXPECT_NE(said, std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(warning, said + 1), std::string::npos) << "said more than once:\n" << result.output;
+  EXPECT_NE(result.output.find("give --threads "), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -226,3 +226,37 @@ TEST(RankLayout, RejectsInconsistentOrMalformedValues) {
 
 }  // namespace
 }  // namespace tandem::comm
+
+namespace tandem::comm {
+namespace {
+
+std::string half_set_refusal(std::map<std::string, std::string> values, const ExplicitLayout& given = {}) {
+  try {
+    require_whole_rank_environment(given, fake_env(std::move(values)));
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// A part of torchrun's set read alone left the process training as world size 1, where the script meant a rank.
+TEST(WholeRankEnvironment, PartOfTorchrunsSetIsRefusedNamingTheVariable) {
+  EXPECT_NE(half_set_refusal({{"WORLD_SIZE", "2"}}).find("WORLD_SIZE=2 is set without RANK"), std::string::npos);
+  EXPECT_NE(half_set_refusal({{"LOCAL_RANK", "1"}}).find("LOCAL_RANK=1 is set without RANK"), std::string::npos);
+  EXPECT_NE(half_set_refusal({{"MASTER_PORT", "29500"}}).find("MASTER_PORT=29500"), std::string::npos);
+  EXPECT_NE(half_set_refusal({{"RANK", "1"}}).find("RANK=1 is set without WORLD_SIZE"), std::string::npos);
+}
+
+TEST(WholeRankEnvironment, WholeSetsNoSetAndExplicitValuesPass) {
+  EXPECT_EQ(half_set_refusal({}), "");
+  EXPECT_EQ(half_set_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2"}}), "");
+  EXPECT_EQ(half_set_refusal({{"SLURM_PROCID", "0"}, {"MASTER_ADDR", "node0"}}), "");
+  EXPECT_EQ(half_set_refusal({{"OMPI_COMM_WORLD_RANK", "0"}, {"MASTER_PORT", "29500"}}), "");
+  ExplicitLayout given;
+  given.rank = 0;
+  given.world_size = 1;
+  EXPECT_EQ(half_set_refusal({{"WORLD_SIZE", "2"}}, given), "");
+}
+
+}  // namespace
+}  // namespace tandem::comm

@@ -51,4 +51,11 @@ EnvLookup process_environment();
 // Throws InvalidArgument, naming the variable, when a value is malformed or inconsistent (rank >= world size).
 RankLayout detect_rank_layout(const ExplicitLayout& given = {}, const EnvLookup& env = process_environment());
 
+// Throws InvalidArgument, naming the variable, when the environment holds part of torchrun's set only: WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR or MASTER_PORT without RANK (and no SLURM or Open MPI
+// rank), or RANK without WORLD_SIZE. detect_rank_layout() reads either as a process alone, which is right for a
+// helper that only asks how many ranks share its host; a process starting a job (init_process_group) would train
+// alone as world size 1 where a launcher script meant it to be one rank of several. Explicit values skip it.
+void require_whole_rank_environment(const ExplicitLayout& given = {}, const EnvLookup& env = process_environment());
+
 }  // namespace tandem::comm

@@ -19,8 +19,10 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout);
 
 // Announces this rank in the store and waits for all the others. Fails with TimeoutError listing the ranks
-// that never joined, or InvalidArgument when two processes claim one rank or the world sizes disagree.
-void join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout);
+// that never joined, InvalidArgument when two processes claim one rank or the world sizes disagree, or CommError
+// within `timeout` when the store's address answers as no store does (or not at all). Past that deadline a
+// request may still wait on a thread of its own, which keeps `store` alive.
+void join(const StorePtr& store, int rank, int world_size, std::chrono::milliseconds timeout);
 
 // "1, 3, 5" or "1-3, 7" for messages that name ranks.
 std::string describe_ranks(const std::vector<int>& ranks);

@@ -19,7 +19,9 @@ struct ImageFolderOptions {
   // Threads decoding a batch's images in parallel (the calling thread helps too).
   int num_threads = 4;
   // false: an unreadable image fails get_batch with an error naming the file. true: such images are dropped
-  // from their batch (the batch gets smaller) and counted in skipped_images().
+  // from their batch (the batch gets smaller) and counted in skipped_images(); but a batch that loses every image
+  // before any image of the set was read fails get_batch too, as a folder of unreadable images leaves nothing to
+  // train on.
   bool skip_bad_images = false;
   // Seeds the training augmentation; with set_epoch() it makes every sample's crop and flip reproducible,
   // whatever thread decodes it.
@@ -66,6 +68,8 @@ class ImageFolderDataset : public Dataset {
   std::shared_ptr<ImageBatchBuffers> batch_buffers_;
   std::atomic<int64_t> epoch_{0};
   mutable std::atomic<int64_t> skipped_{0};
+  // Images get_batch read: while none has been, a batch that skip_bad_images empties ends the run.
+  mutable std::atomic<int64_t> loaded_{0};
 };
 
 }  // namespace tandem::data

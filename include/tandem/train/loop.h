@@ -68,9 +68,10 @@ struct StepInfo {
 // randomness must come from (seed, epoch, index), as ImageFolderDataset's augmentation does, not from the global
 // generator.
 struct LoopCallbacks {
-  // every rank, once the run dir is chosen and the ranks agree on their data, before training; a throw on any
-  // rank stops every rank
-  std::function<void(const std::string& run_dir)> on_run_start;
+  // every rank, once the run dir is chosen and the ranks agree on their data, before training; `checkpoint` is
+  // the one the run continues from (empty: a new run), whether or not `resume` asked for it. A throw on any rank
+  // stops every rank
+  std::function<void(const std::string& run_dir, const std::string& checkpoint)> on_run_start;
   std::function<void(int epoch)> on_epoch_start;            // every rank, before the epoch's first (or, resumed
                                                             // inside it, next) batch
   std::function<void(const StepInfo&)> on_step;             // every rank, after each optimizer step
