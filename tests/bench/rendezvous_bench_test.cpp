@@ -82,9 +82,10 @@ TEST_F(RendezvousSimulation, TheRoundAfterOnePercentDieHoldsExactlyTheSurvivors)
   }
 }
 
-// Fails on the code of this commit: an agent that leaves before its round closes keeps its slot, and the round
-// closes with it (its heartbeat never comes, and the round then ends as a failure). The elastic launcher's fix
-// (a waiting agent's slot counts only while it beats, or is given back) makes it pass; the assertion stays.
+// Fails against the launcher as of 9dfb142: an agent that leaves before its round closes keeps its slot, and the
+// round closes with it (its heartbeat never comes, and the round then ends as a failure). The elastic launcher's
+// fix (a waiting agent's slot counts only while it beats, or is given back) is what makes it pass; the assertion
+// stays either way.
 TEST_F(RendezvousSimulation, APhantomAgentThatEntersAndVanishesNeverBecomesAMember) {
   for (const auto& [agents, result] : results_) {
     EXPECT_FALSE(result.phantom_was_member)
