@@ -201,7 +201,7 @@ TEST(ElasticTraining, AKilledHostLeavesTwoToContinueFromTheCheckpointAndItsRetur
   // workers' collective, whose failure on a surviving node ends it as a failed rank. Whichever it was, the round
   // ended by a failure, once, and the return was a change that cost no restart.
   EXPECT_TRUE(std::regex_search(results[0].output,
-                                std::regex("tandem run: (node \\d \\(10\\.77\\.0\\.3, pid \\d+\\) was lost: no heartbeat|"
+                                std::regex("tandem run: (node \\d \\(10\\.77\\.0\\.3, pid \\d+\\) was lost: no heartbeat for [0-9.]+ s|"
                                            "rank \\d exited with code \\d+ on node \\d \\(10\\.77\\.0\\.[12], pid \\d+\\)); "
                                            "restarting the workers of every node in a new round \\(restart 1 of 3\\)")))
       << results[0].output;
