@@ -58,8 +58,24 @@ int bind_endpoint(const std::string& host, int port) {
   return -1;
 }
 
-// Whether something accepts connections at host:port within `timeout`; throws std::runtime_error saying why
-// not. Tried before TCPStore's own connect, which logs an error line for every try that fails.
+// How long a fresh connection is watched for a greeting: a c10d store never speaks first, while SSH, SMTP, FTP,
+// MySQL and other such services greet at once. A store client fed such bytes reads them as its answers (a
+// length of gigabytes: std::bad_alloc), so the agent must not hand it such a peer.
+constexpr std::chrono::milliseconds kGreetingWindow{100};
+
+// Why the peer on `fd`, just connected, is no c10d store, or empty where nothing shows that.
+std::string not_a_store(int fd) {
+  pollfd wait{fd, POLLIN, 0};
+  if (::poll(&wait, 1, static_cast<int>(kGreetingWindow.count())) != 1) return {};
+  char byte = 0;
+  const ssize_t got = ::recv(fd, &byte, 1, MSG_PEEK);
+  if (got > 0) return "it spoke first, which no c10d store does: another service listens there";
+  return "it closed the connection at once";
+}
+
+// Whether something accepts connections at host:port within `timeout`, and does not show itself another kind of
+// service; throws std::runtime_error saying why not. Tried before TCPStore's own connect, which logs an error
+// line for every try that fails.
 void probe(const std::string& host, int port, std::chrono::milliseconds timeout) {
   AddressList addresses = resolve_endpoint(host, port, AI_NUMERICSERV);
   if (!addresses) throw std::runtime_error(fmt::format("{} names no host this node can find", host));
@@ -75,8 +91,13 @@ void probe(const std::string& host, int port, std::chrono::milliseconds timeout)
                   ? (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 ? error : errno)
                   : ETIMEDOUT;
     }
+    if (error == 0) {
+      why = not_a_store(fd);
+      ::close(fd);
+      if (why.empty()) return;
+      continue;
+    }
     ::close(fd);
-    if (error == 0) return;
     why = std::strerror(error);
   }
   throw std::runtime_error(why);
@@ -128,8 +149,9 @@ bool is_local_address(const std::string& host) {
   return false;
 }
 
-AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout)
-    : settings_(settings), operation_timeout_(operation_timeout) {
+AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout,
+                       std::function<void(const std::string&)> say)
+    : settings_(settings), operation_timeout_(operation_timeout), say_(std::move(say)) {
   const int fd = is_local_address(settings.host) ? bind_endpoint(settings.host, settings.port) : -1;
   if (fd >= 0) {
     c10d::TCPStoreOptions options;
@@ -164,6 +186,11 @@ c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline
     } catch (const std::exception& error) {
       last_error = first_line(error.what());
     }
+    if (!said_waiting_ && say_) {
+      say_(fmt::format("waiting for the elastic job's store at {}:{} ({}); trying until join_timeout {:.0f} s",
+                       settings_.host, settings_.port, last_error, settings_.join_timeout.count() / 1000.0));
+    }
+    said_waiting_ = true;
     if (Clock::now() + kConnectPause >= deadline) {
       throw CommError(fmt::format("cannot reach the elastic job's store at {}:{} within join_timeout {:.0f} s ({}); "
                                   "check that the agent on that host runs and that `rdzv_endpoint` names it, the "

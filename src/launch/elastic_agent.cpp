@@ -12,7 +12,9 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "heartbeat_watch.h"
 #include "output_relay.h"
@@ -33,6 +35,9 @@ constexpr std::chrono::milliseconds kAgentPoll{100};
 constexpr std::chrono::milliseconds kMinStoreTimeout{1000};
 // Beyond the store's own operation timeout, how long a call may take before the agent takes the store for lost.
 constexpr std::chrono::milliseconds kStoreAnswerMargin{1000};
+// Beyond --grace-period, how long a node's workers may take to be gone after SIGKILL (ElasticSettings::
+// worker_stop_time); only a process stuck in uninterruptible I/O takes longer.
+constexpr std::chrono::milliseconds kKilledGoneWithin{1000};
 // How long the hosting agent keeps the store up, beyond the time a lost node takes to be noticed, for the other
 // agents to read that the job is over.
 constexpr std::chrono::seconds kHostLinger{2};
@@ -54,6 +59,28 @@ std::string joined_command(const std::vector<std::string>& command) {
   std::string text;
   for (const std::string& word : command) text += (text.empty() ? "" : " ") + word;
   return text;
+}
+
+// What every agent of one job must agree on: the same workers, and the same numbers behind the rounds' decisions
+// (how many nodes, how many restarts) and behind the timing contract of a lost node (docs/launcher.md, "A cut
+// link": heartbeats and grace period).
+std::map<std::string, std::string> job_signature(const LaunchPlan& plan, const ElasticSettings& settings) {
+  const auto seconds = [](std::chrono::milliseconds duration) { return fmt::format("{:g} s", duration.count() / 1000.0); };
+  return {{"`nnodes`", fmt::format("{}:{}", settings.min_nodes, settings.max_nodes)},
+          {"`max_restarts`", std::to_string(plan.max_restarts)},
+          {"`grace_period`", seconds(plan.grace_period)},
+          {"`rdzv_conf` timing",
+           fmt::format("keep_alive_interval {}, keep_alive_max_attempt {}, last_call_timeout {}",
+                       seconds(settings.keep_alive_interval), settings.keep_alive_max_attempt,
+                       seconds(settings.last_call))},
+          {"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
+          {"command", joined_command(plan.command)}};
+}
+
+ElasticSettings settings_of(const LaunchPlan& plan) {
+  ElasticSettings settings = *plan.elastic;
+  settings.worker_stop_time = plan.grace_period + kKilledGoneWithin;
+  return settings;
 }
 
 // A store that stops answering: the agent's calls give up after a bound and say so with this, which the agent
@@ -79,38 +106,54 @@ class ElasticAgent {
  public:
   explicit ElasticAgent(const LaunchPlan& plan)
       : plan_(plan),
-        settings_(*plan.elastic),
+        settings_(settings_of(plan)),
         store_timeout_(std::max(settings_.heartbeat_lost_after(), kMinStoreTimeout)),
         // The store first: a Ctrl-C while it is being reached still ends the process; the Supervisor's signal
         // handlers come after.
-        store_(settings_, store_timeout_),
+        store_(settings_, store_timeout_, [](const std::string& line) { report(line); }),
         supervisor_(plan.grace_period),
         node_(describe_node(settings_.host)),
-        signature_{{"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
-                   {"command", joined_command(plan.command)}} {
+        signature_(job_signature(plan, settings_)) {
     start_session(store_.client());
   }
 
   int run() {
     enter();
+    bool said_waiting = false;
     while (true) {
       std::optional<RoundMembership> membership;
+      Clock::time_point polled_at;
       while (!membership) {
+        bool finished = false;
+        polled_at = Clock::now();
         try {
-          membership = on_store([now = Clock::now()](RoundRendezvous& rounds) { return rounds.poll_round(now); });
+          std::tie(membership, finished) = on_store([now = polled_at](RoundRendezvous& rounds) {
+            std::optional<RoundMembership> polled = rounds.poll_round(now);
+            return std::make_pair(polled, rounds.job_finished());
+          });
         } catch (const Error&) {
           throw;
         } catch (const std::exception& error) {
           if (std::optional<int> code = rejoin(first_line(error.what()))) return *code;
           continue;
         }
-        if (!membership && supervisor_.wait_for_signal(kAgentPoll) != 0) {
-          report(fmt::format("received {} while waiting for a round; no worker was running",
-                             signal_name(supervisor_.signal_received())));
-          return 128 + supervisor_.signal_received();
+        if (finished) {
+          report("the job finished while this node waited to join it: every node of its last round succeeded");
+          return 0;
+        }
+        if (membership) break;
+        if (!said_waiting) {
+          report(fmt::format("waiting to join the elastic job '{}' ({} to {} nodes; up to join_timeout {:.0f} s)",
+                             plan_.run_id, settings_.min_nodes, settings_.max_nodes,
+                             settings_.join_timeout.count() / 1000.0));
+          said_waiting = true;
+        }
+        if (supervisor_.wait_for_signal(kAgentPoll) != 0) {
+          withdraw();
+          return interrupted_while_waiting();
         }
       }
-      if (std::optional<int> code = run_round(*membership)) return *code;
+      if (std::optional<int> code = run_round(*membership, polled_at)) return *code;
     }
   }
 
@@ -124,10 +167,11 @@ class ElasticAgent {
   }
 
   // Runs `operation` on the rounds of the current session and returns what it returns, or throws StoreSilent
-  // when no answer came within the store timeout. `operation` is copied to the thread that runs it, which may
-  // outlive this call: it must capture by value.
+  // when no answer came within the store timeout (or by `answer_by`, where that is sooner). `operation` is copied
+  // to the thread that runs it, which may outlive this call: it must capture by value.
   template <typename Operation>
-  auto on_store(Operation operation) -> decltype(operation(std::declval<RoundRendezvous&>())) {
+  auto on_store(Operation operation, std::optional<Clock::time_point> answer_by = std::nullopt)
+      -> decltype(operation(std::declval<RoundRendezvous&>())) {
     using Result = decltype(operation(std::declval<RoundRendezvous&>()));
     auto answer = std::make_shared<std::promise<Result>>();
     std::future<Result> result = answer->get_future();
@@ -144,11 +188,35 @@ class ElasticAgent {
         answer->set_exception(std::current_exception());
       }
     }).detach();
-    if (result.wait_for(store_timeout_ + kStoreAnswerMargin) != std::future_status::ready) {
+    const auto bound = Clock::now() + store_timeout_ + kStoreAnswerMargin;
+    if (result.wait_until(std::min(bound, answer_by.value_or(bound))) != std::future_status::ready) {
+      if (answer_by && *answer_by < bound) {
+        throw StoreSilent(fmt::format("no heartbeat answered for {:.1f} s, the time after which the other nodes "
+                                      "take this one for lost",
+                                      settings_.heartbeat_lost_after().count() / 1000.0));
+      }
       throw StoreSilent(fmt::format("it did not answer within {:.0f} s",
                                     (store_timeout_ + kStoreAnswerMargin).count() / 1000.0));
     }
     return result.get();
+  }
+
+  // A signal (Ctrl-C, SIGTERM, SIGHUP) before this node's workers started ends the agent with 128 + the signal.
+  int interrupted_while_waiting() {
+    report(fmt::format("received {} while waiting for a round; no worker was running",
+                       signal_name(supervisor_.signal_received())));
+    return 128 + supervisor_.signal_received();
+  }
+
+  // Gives this agent's slot back as it leaves while waiting; a store that does not answer will drop the slot by
+  // its standing heartbeat instead.
+  void withdraw() {
+    try {
+      on_store([](RoundRendezvous& rounds) { rounds.withdraw(); });
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception&) {
+    }
   }
 
   // One store serves one job: the workers' keys (/worker/attempt_<round>) carry no job id, so a second job's
@@ -169,27 +237,44 @@ class ElasticAgent {
     }
   }
 
-  // Runs this node's workers for one round; returns the agent's exit code once the job is over for it, or
-  // nothing when a next round follows.
-  std::optional<int> run_round(const RoundMembership& membership) {
+  // Runs this node's workers for one round, which this agent found closed with it inside by a call sent at
+  // `joined_at`; returns the agent's exit code once the job is over for it, or nothing when a next round follows.
+  std::optional<int> run_round(const RoundMembership& membership, Clock::time_point joined_at) {
     LaunchPlan round_plan = plan_;
     round_plan.nnodes = membership.nodes;
     round_plan.node_rank = membership.node_rank;
-    report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}", membership.round,
-                       membership.node_rank, membership.nodes, round_plan.global_rank(0),
-                       round_plan.global_rank(plan_.nproc_per_node - 1), round_plan.world_size()));
     std::optional<RoundEnd> end;
     std::string store_error;
     int code_if_last = 1;
+    const std::string here = fmt::format("on node {} ({})", membership.node_rank, node_);
+    if (supervisor_.wait_for_signal(std::chrono::milliseconds(0)) != 0) {
+      // Signalled as its round closed, before any worker started: a change of membership, as for a slot given
+      // back, not a failure that would cost the others a restart.
+      try {
+        on_store([cause = fmt::format("node {} ({}) left before its round started", membership.node_rank, node_)](
+                     RoundRendezvous& rounds) { rounds.end_round({false, cause}); });
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception&) {
+      }
+      return interrupted_while_waiting();
+    }
+    report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}", membership.round,
+                       membership.node_rank, membership.nodes, round_plan.global_rank(0),
+                       round_plan.global_rank(plan_.nproc_per_node - 1), round_plan.world_size()));
     {
+      // A node cut off from the store stops its workers once no heartbeat was answered for as long as the others
+      // wait before they take it for lost (heartbeat_watch.h), counted from the round's start.
       HeartbeatWatch watch(
-          [this] {
-            return on_store([now = Clock::now()](RoundRendezvous& rounds) {
-              rounds.beat();
-              return rounds.watch(now);
-            });
+          [this](Clock::time_point answer_by) {
+            return on_store(
+                [now = Clock::now()](RoundRendezvous& rounds) {
+                  rounds.beat();
+                  return rounds.watch(now);
+                },
+                answer_by);
           },
-          settings_.keep_alive_interval);
+          settings_.keep_alive_interval, settings_.heartbeat_lost_after(), joined_at);
       const AttemptEnd attempt = supervisor_.run_attempt(
           round_plan, membership.round, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, watch.fd());
       const auto end_round = [&](const RoundEnd& cause) {
@@ -201,7 +286,6 @@ class ElasticAgent {
           store_error = first_line(error.what());
         }
       };
-      const std::string here = fmt::format("on node {} ({})", membership.node_rank, node_);
       switch (attempt.kind) {
         case AttemptEnd::Kind::kSucceeded:
           if (std::optional<int> code = wait_for_the_others(watch, membership, store_error)) return code;

@@ -105,8 +105,10 @@ void parse_rendezvous_conf(const std::string& text, ElasticSettings& settings) {
       read = read && read_seconds(value, 0.01, settings.keep_alive_interval);
       wanted = "seconds, at least 0.01";
     } else if (key == "keep_alive_max_attempt") {
-      read = read && read_whole(value, 1, 1000, settings.keep_alive_max_attempt);
-      wanted = "a whole number from 1 to 1000";
+      // At least 2: a node cut off from the store gives up on it when no heartbeat was answered for interval x
+      // attempts (heartbeat_watch.h), and with 1 the next heartbeat would be due the moment it must give up.
+      read = read && read_whole(value, 2, 1000, settings.keep_alive_max_attempt);
+      wanted = "a whole number from 2 to 1000";
     } else {
       throw InvalidArgument(fmt::format("`rdzv_conf` '{}': unknown key '{}'; the keys are join_timeout, "
                                         "last_call_timeout, keep_alive_interval and keep_alive_max_attempt, "

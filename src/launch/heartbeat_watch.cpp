@@ -11,8 +11,9 @@
 
 namespace tandem::launch {
 
-HeartbeatWatch::HeartbeatWatch(Tick tick, std::chrono::milliseconds interval)
-    : tick_(std::move(tick)), interval_(interval) {
+HeartbeatWatch::HeartbeatWatch(Tick tick, std::chrono::milliseconds interval, std::chrono::milliseconds give_up_after,
+                               Clock::time_point started)
+    : tick_(std::move(tick)), interval_(interval), give_up_after_(give_up_after), answered_send_(started) {
   if (::pipe2(pipe_, O_CLOEXEC) != 0) {
     throw Error(fmt::format("cannot create the heartbeat watch's pipe: {}", std::strerror(errno)));
   }
@@ -49,8 +50,10 @@ void HeartbeatWatch::finish() {
 void HeartbeatWatch::run() {
   while (true) {
     std::optional<RoundEnd> end;
+    const Clock::time_point sent = Clock::now();
     try {
-      end = tick_();
+      end = tick_(answered_send_ + give_up_after_);
+      answered_send_ = sent;
     } catch (const std::exception& error) {
       std::lock_guard<std::mutex> lock(mutex_);
       store_error_ = first_line(error.what());
@@ -62,7 +65,9 @@ void HeartbeatWatch::run() {
       finish();
       return;
     }
-    if (wake_.wait_for(lock, interval_, [this] { return stop_; })) return;
+    // Ticks are sent every interval, however long the answers took: the slack before give_up_after stays one
+    // interval or more.
+    if (wake_.wait_until(lock, sent + interval_, [this] { return stop_; })) return;
   }
 }
 

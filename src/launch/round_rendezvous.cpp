@@ -1,8 +1,10 @@
 #include "tandem/launch/round_rendezvous.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "tandem/util/error.h"
 
@@ -14,9 +16,40 @@ std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), 
 
 double seconds_of(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
-// A round's end as stored: "F|reason" (a failure) or "C|reason" (a change of membership).
-std::string encode_end(const RoundEnd& end) { return (end.failure ? "F|" : "C|") + end.reason; }
-RoundEnd decode_end(const std::string& text) { return {text.rfind("F|", 0) == 0, text.substr(std::min<size_t>(2, text.size()))}; }
+// A round's end as stored: "F" (a failure) or "C" (a change of membership), "L" where a node was lost or "-",
+// then "|reason".
+std::string encode_end(const RoundEnd& end) {
+  return std::string(end.failure ? "F" : "C") + (end.lost_node ? "L|" : "-|") + end.reason;
+}
+RoundEnd decode_end(const std::string& text) {
+  RoundEnd end;
+  end.failure = text.rfind('F', 0) == 0;
+  end.lost_node = text.size() > 1 && text[1] == 'L';
+  end.reason = text.substr(std::min<size_t>(3, text.size()));
+  return end;
+}
+
+// A closed round as stored: "FAILURES GIVEN_BACK SLOT,SLOT,...": the rounds ended by a failure before it, how
+// many slots had been given back when the closing agent looked, and the members' slots in node-rank order.
+struct ClosedRound {
+  int failures = 0;
+  int64_t given_back = 0;
+  std::vector<int64_t> slots;
+};
+
+std::string encode_closed(const ClosedRound& closed) {
+  return fmt::format("{} {} {}", closed.failures, closed.given_back, fmt::join(closed.slots, ","));
+}
+
+ClosedRound decode_closed(const std::string& text) {
+  ClosedRound closed;
+  std::istringstream in(text);
+  std::string slots;
+  in >> closed.failures >> closed.given_back >> slots;
+  std::istringstream list(slots);
+  for (std::string slot; std::getline(list, slot, ',');) closed.slots.push_back(std::stoll(slot));
+  return closed;
+}
 
 // The jobs' keys, under the agents' prefix.
 const std::string kDoneKey = "done";
@@ -59,8 +92,9 @@ void RoundRendezvous::enter(Clock::time_point now) {
         return (from > 0 ? "..." : "") + text.substr(from, 40) + (text.size() > from + 40 ? "..." : "");
       };
       throw InvalidArgument(fmt::format(
-          "this node's {} is {}, but the job's other nodes run {}: every node of an elastic job must run the same "
-          "workers; give the same flags on every node, or a job of its own a `run_id` of its own",
+          "this node's {} is {}, but the job's other nodes have {}: every node of an elastic job must give the same "
+          "`nnodes`, `max_restarts`, `grace_period`, `rdzv_conf` timings, `nproc_per_node` and command; give the "
+          "same flags on every node, or a job of its own a `run_id` of its own",
           what, shown(value), shown(stored)));
     }
   }
@@ -71,10 +105,15 @@ void RoundRendezvous::enter(Clock::time_point now) {
 }
 
 void RoundRendezvous::next_round(Clock::time_point now) {
-  int round = round_ + 1;
-  // A round formed without this agent (it was slow to stop its workers) runs on; wait in the one after.
-  while (is_set(round_key(round, "closed"))) ++round;
   entered_ = now;
+  move_on(now);
+}
+
+// The first round after this one that has not closed: a round formed without this agent (it was slow to stop
+// its workers, or was left out) runs on; wait in the one after.
+void RoundRendezvous::move_on(Clock::time_point now) {
+  int round = round_ + 1;
+  while (is_set(round_key(round, "closed"))) ++round;
   take_slot(round, now);
 }
 
@@ -86,6 +125,10 @@ void RoundRendezvous::take_slot(int round, Clock::time_point now) {
   joined_since_ = now;
   membership_.reset();
   heartbeats_.clear();
+  waiting_beat_.reset();
+  waiting_looked_.reset();
+  given_back_.clear();
+  lost_end_seen_.reset();
 }
 
 std::optional<RoundEnd> RoundRendezvous::ended(int round) const {
@@ -96,47 +139,121 @@ std::optional<RoundEnd> RoundRendezvous::ended(int round) const {
 
 int RoundRendezvous::failures_before(int round) const {
   if (round == 0 || !is_set(round_key(round - 1, "closed"))) return 0;
-  const std::string closed = read(round_key(round - 1, "closed"));
-  const int before = std::stoi(closed.substr(closed.find(' ') + 1));
+  const int before = decode_closed(read(round_key(round - 1, "closed"))).failures;
   const auto end = ended(round - 1);
   return before + (end && end->failure ? 1 : 0);
 }
 
+// A round after another closes only once that one has ended (there was none: ended), else the newcomer would
+// train beside it. Notes when an end by a lost node was first seen, for lost_node_stopped().
+bool RoundRendezvous::previous_round_ended(Clock::time_point now) {
+  if (round_ == 0 || !is_set(round_key(round_ - 1, "closed"))) return true;
+  const auto end = ended(round_ - 1);
+  if (end && end->lost_node && !lost_end_seen_) lost_end_seen_ = now;
+  return end.has_value();
+}
+
+// After a node's loss, the round waits until the lost node's workers are certainly stopped
+// (ElasticSettings::worker_stop_time from the loss).
+bool RoundRendezvous::lost_node_stopped(Clock::time_point now) const {
+  return !lost_end_seen_ || now - *lost_end_seen_ >= settings_.worker_stop_time;
+}
+
+// While it waits, this agent beats its slot and looks at the others' every keep_alive_interval, so that a slot
+// whose agent died or hangs in a store call is left out when the round closes.
+void RoundRendezvous::beat_while_waiting(Clock::time_point now, int64_t joined) {
+  if (!waiting_beat_ || now - *waiting_beat_ >= settings_.keep_alive_interval) {
+    store_->add(round_key(round_, fmt::format("alive/{}", slot_)), 1);
+    waiting_beat_ = now;
+  }
+  if (waiting_looked_ && now - *waiting_looked_ < settings_.keep_alive_interval) return;
+  waiting_looked_ = now;
+  for (int64_t slot = 1; slot <= joined; ++slot) {
+    if (slot == slot_ || given_back_.count(slot) != 0) continue;
+    const int64_t count = store_->add(round_key(round_, fmt::format("alive/{}", slot)), 0);
+    auto [entry, inserted] = heartbeats_.emplace(slot, std::make_pair(count, now));
+    if (!inserted && entry->second.first != count) entry->second = {count, now};
+  }
+}
+
+bool RoundRendezvous::stood_still(int64_t slot, Clock::time_point now) const {
+  const auto found = heartbeats_.find(slot);
+  return found != heartbeats_.end() && now - found->second.second >= settings_.heartbeat_lost_after();
+}
+
+// The slots that may still become members: not given back, and not standing still as far as this agent saw.
+std::vector<int64_t> RoundRendezvous::live_slots(Clock::time_point now, int64_t joined) {
+  const int64_t given_back = store_->add(round_key(round_, "given_back"), 0);
+  if (given_back > static_cast<int64_t>(given_back_.size())) {
+    for (int64_t slot = 1; slot <= joined; ++slot) {
+      if (is_set(round_key(round_, fmt::format("gone/{}", slot)))) given_back_.insert(slot);
+    }
+  }
+  std::vector<int64_t> live;
+  for (int64_t slot = 1; slot <= joined; ++slot) {
+    if (given_back_.count(slot) == 0 && (slot == slot_ || !stood_still(slot, now))) live.push_back(slot);
+  }
+  return live;
+}
+
 std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now) {
-  check_not_done();
+  if (is_set(kDoneKey)) {
+    finished_ = true;
+    return std::nullopt;
+  }
   const std::string closed_key = round_key(round_, "closed");
   if (is_set(closed_key)) {
-    const std::string closed = read(closed_key);
-    const int nodes = std::stoi(closed.substr(0, closed.find(' ')));
-    const int failures = std::stoi(closed.substr(closed.find(' ') + 1));
-    if (slot_ <= nodes) {
-      membership_ = RoundMembership{round_, static_cast<int>(slot_ - 1), nodes, failures};
-      heartbeats_.clear();
-      return membership_;
+    const ClosedRound closed = decode_closed(read(closed_key));
+    const auto mine = std::find(closed.slots.begin(), closed.slots.end(), slot_);
+    if (mine == closed.slots.end()) {
+      // Too late for this round, or left out: wait in the next, which the running agents notice (watch()).
+      move_on(now);
+      return std::nullopt;
     }
-    // Too late for this round: wait in the next, which the running agents notice (watch()).
-    take_slot(round_ + 1, now);
-    return std::nullopt;
+    // A member that gave its slot back after the closing agent looked: the round ends before anyone trains.
+    if (store_->add(round_key(round_, "given_back"), 0) > closed.given_back) {
+      for (size_t node = 0; node < closed.slots.size(); ++node) {
+        const int64_t slot = closed.slots[node];
+        if (!is_set(round_key(round_, fmt::format("gone/{}", slot)))) continue;
+        end_round({false, fmt::format("node {} ({}) left before its round started", node,
+                                      read(round_key(round_, fmt::format("member/{}", slot))))});
+        move_on(now);
+        return std::nullopt;
+      }
+    }
+    membership_ = RoundMembership{round_, static_cast<int>(mine - closed.slots.begin()),
+                                  static_cast<int>(closed.slots.size()), closed.failures};
+    member_slots_ = closed.slots;
+    heartbeats_.clear();
+    return membership_;
   }
   const int64_t joined = store_->add(round_key(round_, "joined"), 0);
   if (joined != joined_seen_) {
     joined_seen_ = joined;
     joined_since_ = now;
   }
-  // A round after another closes only once that one has ended, else the newcomer would train beside it; the
-  // last call counts from that end, when the running agents come over.
-  const bool previous_over = round_ == 0 || !is_set(round_key(round_ - 1, "closed")) || ended(round_ - 1).has_value();
-  if (!previous_over) joined_since_ = std::max(joined_since_, now);
-  const bool full = joined >= settings_.max_nodes;
-  const bool last_call_over = joined >= settings_.min_nodes && now - joined_since_ >= settings_.last_call;
-  if (previous_over && (full || last_call_over)) {
-    const int nodes = static_cast<int>(std::min<int64_t>(joined, settings_.max_nodes));
-    store_->compareSet(closed_key, {}, bytes_of(fmt::format("{} {}", nodes, failures_before(round_))));
-    store_->set(kLastClosedKey, bytes_of(std::to_string(round_)));
-    return poll_round(now);
+  beat_while_waiting(now, joined);
+  // The last call counts from the previous round's end, when the running agents come over.
+  const bool previous_ended = previous_round_ended(now);
+  if (!previous_ended) joined_since_ = std::max(joined_since_, now);
+  if (previous_ended && lost_node_stopped(now) && joined >= settings_.min_nodes) {
+    // The marks of given-back slots are read before the members are written (see the header).
+    ClosedRound closed{failures_before(round_), store_->add(round_key(round_, "given_back"), 0), {}};
+    closed.slots = live_slots(now, joined);
+    const auto live = static_cast<int64_t>(closed.slots.size());
+    const bool full = live >= settings_.max_nodes;
+    const bool last_call_over = live >= settings_.min_nodes && now - joined_since_ >= settings_.last_call;
+    if (full || last_call_over) {
+      closed.slots.resize(static_cast<size_t>(std::min<int64_t>(live, settings_.max_nodes)));
+      store_->compareSet(closed_key, {}, bytes_of(encode_closed(closed)));
+      store_->set(kLastClosedKey, bytes_of(std::to_string(round_)));
+      return poll_round(now);
+    }
   }
   if (now - entered_ >= settings_.join_timeout) {
-    if (!previous_over) {
+    const size_t came = live_slots(now, joined).size();
+    withdraw();
+    if (!previous_ended) {
       throw TimeoutError(fmt::format(
           "waited {:.0f} s to join the elastic job, which runs on its most nodes ({}) and took no newcomer; "
           "start this node when one of them is gone, or raise the most nodes of `nnodes`",
@@ -145,19 +262,35 @@ std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now
     throw TimeoutError(fmt::format(
         "waited {:.0f} s for the elastic job's least number of nodes ({}), but {} came; start the other nodes' "
         "tandem run with the same `rdzv_endpoint` and `run_id`, or raise join_timeout in `rdzv_conf`",
-        seconds_of(settings_.join_timeout), settings_.min_nodes, joined));
+        seconds_of(settings_.join_timeout), settings_.min_nodes, came));
   }
   return std::nullopt;
 }
 
-int64_t RoundRendezvous::waiting() const { return store_->add(round_key(round_ + 1, "joined"), 0); }
+void RoundRendezvous::withdraw() {
+  if (membership_ || slot_ == 0) return;
+  // The mark, then the count, then the look at the round: the order the header's argument needs.
+  store_->set(round_key(round_, fmt::format("gone/{}", slot_)), bytes_of("1"));
+  store_->add(round_key(round_, "given_back"), 1);
+  const std::string closed_key = round_key(round_, "closed");
+  if (!is_set(closed_key)) return;
+  const ClosedRound closed = decode_closed(read(closed_key));
+  const auto mine = std::find(closed.slots.begin(), closed.slots.end(), slot_);
+  if (mine == closed.slots.end()) return;
+  end_round({false, fmt::format("node {} ({}) left before its round started", mine - closed.slots.begin(), node_)});
+}
+
+int64_t RoundRendezvous::waiting() const {
+  return store_->add(round_key(round_ + 1, "joined"), 0) - store_->add(round_key(round_ + 1, "given_back"), 0);
+}
 
 void RoundRendezvous::beat() { store_->add(round_key(round_, fmt::format("beat/{}", slot_)), 1); }
 
 std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
   if (auto end = ended(round_)) return end;
   const int nodes = membership_ ? membership_->nodes : 0;
-  for (int64_t slot = 1; slot <= nodes; ++slot) {
+  for (size_t node = 0; node < member_slots_.size(); ++node) {
+    const int64_t slot = member_slots_[node];
     if (slot == slot_) continue;
     const int64_t count = store_->add(round_key(round_, fmt::format("beat/{}", slot)), 0);
     auto [entry, inserted] = heartbeats_.emplace(slot, std::make_pair(count, now));
@@ -165,11 +298,18 @@ std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
     const auto still = now - entry->second.second;
     if (still >= settings_.heartbeat_lost_after()) {
       const std::string member = read(round_key(round_, fmt::format("member/{}", slot)));
-      return end_round({true, fmt::format("node {} ({}) was lost: no heartbeat for {:.1f} s", slot - 1, member,
-                                          seconds_of(settings_.heartbeat_lost_after()))});
+      // A node that never beat never started its workers' round (its agent died, or hung in a store call, as
+      // the round closed): a change of membership. One that beat and stopped was lost while training: a failure.
+      const bool trained = count > 0;
+      return end_round({trained,
+                        fmt::format("node {} ({}) {}: no heartbeat for {:.1f} s", node, member,
+                                    trained ? "was lost" : "never started its round",
+                                    seconds_of(settings_.heartbeat_lost_after())),
+                        /*lost_node=*/true});
     }
   }
-  if (nodes < settings_.max_nodes && waiting() > 0) {
+  // Once a node's workers all succeeded, the job is ending: a newcomer waits for that instead of restarting it.
+  if (nodes < settings_.max_nodes && waiting() > 0 && store_->add(round_key(round_, "succeeded"), 0) == 0) {
     return end_round({false, fmt::format("a node is waiting to join the {} running", nodes)});
   }
   return std::nullopt;

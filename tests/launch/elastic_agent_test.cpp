@@ -1,16 +1,23 @@
 // Elastic agents on one machine (`tandem run --rdzv-backend c10d` on 127.0.0.1, no root needed): the first
 // agent serves the store, the second finds the port taken and joins it. What the agents do together: a worker
-// failing on one node restarts every node's workers in a new round, until --max-restarts is used up; a second
-// job under the same id is refused; an endpoint that never answers ends in one line within join_timeout.
-// Losing hosts and links is elastic_multi_host_test.cpp's.
+// failing on one node restarts every node's workers in a new round, until --max-restarts is used up; agents that
+// disagree on the job are refused; an agent that leaves while it waits to join leaves the job running, and one
+// that waits while the job finishes ends with it; an endpoint that is no store ends in one line within
+// join_timeout. Losing hosts and links is elastic_multi_host_test.cpp's.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <chrono>
+#include <fstream>
 #include <future>
+#include <memory>
 #include <regex>
+#include <thread>
 
 #include "support/listening_sockets.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 
 namespace tandem {
 namespace {
@@ -22,10 +29,11 @@ constexpr auto kAgentDeadline = 60s;
 const std::string kAgentConf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=10";
 
 std::vector<std::string> agent_argv(int port, const std::string& id, const std::vector<std::string>& flags,
-                               const std::string& worker) {
-  std::vector<std::string> argv{testing::tandem_cli(), "run", "--nnodes", "2", "--rdzv-backend", "c10d",
+                                    const std::string& worker, const std::string& nnodes = "2",
+                                    const std::string& conf = kAgentConf, const std::string& grace_period = "1") {
+  std::vector<std::string> argv{testing::tandem_cli(), "run", "--nnodes", nnodes, "--rdzv-backend", "c10d",
                                 "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv-id", id,
-                                "--rdzv-conf", kAgentConf, "--grace-period", "1"};
+                                "--rdzv-conf", conf, "--grace-period", grace_period};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), {"--", "sh", "-c", worker});
   return argv;
@@ -72,18 +80,127 @@ TEST(ElasticAgent, OutOfRestartsEveryNodeStopsWithTheFailure) {
   EXPECT_EQ(failed_node, 1);
 }
 
-TEST(ElasticAgent, ASecondJobUnderTheSameIdIsRefusedInOneLine) {
-  const int port = testing::free_port();
-  const auto results = run_two(agent_argv(port, "one-id", {"--nproc-per-node", "1"}, "exit 0"),
-                               agent_argv(port, "one-id", {"--nproc-per-node", "2"}, "exit 0"));
-  // Whichever came second is refused; the first then waits in vain for a second node, until join_timeout.
-  const bool second_refused = results[1].exit_code == 2;
-  const ProcessResult& refused = results[second_refused ? 1 : 0];
-  EXPECT_EQ(refused.exit_code, 2) << results[0].output << results[1].output;
-  EXPECT_TRUE(std::regex_search(refused.output, std::regex("tandem: error: this node's --nproc-per-node is [12], but "
-                                                           "the job's other nodes run [12]")))
-      << refused.output;
-  EXPECT_EQ(results[second_refused ? 0 : 1].exit_code, 1) << results[second_refused ? 0 : 1].output;
+// Two agents that disagree on one thing the job's agents must share: whichever came second is refused in one
+// line naming both values; the first then waits in vain for a second node, until join_timeout.
+struct Disagreement {
+  std::string what;
+  std::vector<std::string> first_flags, second_flags;
+  std::string first_nnodes, second_nnodes;
+  std::string first_worker, second_worker;
+  std::string refusal;  // a regex of the refused agent's line
+};
+
+TEST(ElasticAgent, AgentsThatDisagreeOnTheJobAreRefusedInOneLine) {
+  const std::string conf = "keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=3";
+  const std::vector<Disagreement> cases{
+      {"--nproc-per-node", {"--nproc-per-node", "1"}, {"--nproc-per-node", "2"}, "2", "2", "exit 0", "exit 0",
+       "this node's --nproc-per-node is [12], but the job's other nodes have [12]"},
+      {"--nnodes", {}, {}, "2", "2:3", "exit 0", "exit 0",
+       "this node's --nnodes is 2:[23], but the job's other nodes have 2:[23]"},
+      {"--max-restarts", {"--max-restarts", "0"}, {"--max-restarts", "1"}, "2", "2", "exit 0", "exit 0",
+       "this node's --max-restarts is [01], but the job's other nodes have [01]"},
+      {"the command", {}, {}, "2", "2", "exit 0", "exit 1",
+       "this node's command is sh -c exit [01], but the job's other nodes have sh -c exit [01]"},
+  };
+  for (const Disagreement& two : cases) {
+    const int port = testing::free_port();
+    const auto results = run_two(agent_argv(port, "one-id", two.first_flags, two.first_worker, two.first_nnodes, conf),
+                                 agent_argv(port, "one-id", two.second_flags, two.second_worker, two.second_nnodes, conf));
+    const bool second_refused = results[1].exit_code == 2;
+    const ProcessResult& refused = results[second_refused ? 1 : 0];
+    EXPECT_EQ(refused.exit_code, 2) << two.what << ":\n" << results[0].output << results[1].output;
+    EXPECT_TRUE(std::regex_search(refused.output, std::regex("tandem: error: " + two.refusal)))
+        << two.what << ":\n" << refused.output;
+    EXPECT_EQ(results[second_refused ? 0 : 1].exit_code, 1) << two.what << ":\n" << results[second_refused ? 0 : 1].output;
+  }
+}
+
+// A job of two running agents whose workers wait for the test's word, and a third agent started beside them
+// with its output in a file the test reads while it runs.
+class JobWithANewcomer {
+ public:
+  JobWithANewcomer(const std::string& id, const std::string& nnodes, const std::vector<std::string>& flags)
+      : port_(testing::free_port()) {
+    // The workers ignore SIGTERM: a round that ends takes the whole --grace-period to stop them, so a newcomer
+    // waits that long at least before a round can take it in.
+    const std::string worker = "trap '' TERM; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK\" >> '" +
+                               (dir_ / "events") + "'; while [ ! -e '" + (dir_ / "finish") + "' ]; do sleep 0.05; done";
+    argv_ = agent_argv(port_, id, flags, worker, nnodes, kAgentConf, "3");
+    for (int i = 0; i < 2; ++i) running_.push_back(std::async(std::launch::async, [this] {
+      return testing::run_process(argv_, {}, kAgentDeadline);
+    }));
+  }
+  ~JobWithANewcomer() { let_workers_finish(); }
+
+  // Once both running agents' workers have started, starts the third agent and waits until it says that it
+  // waits to join; false at the deadline.
+  bool start_newcomer() {
+    const auto give_up = std::chrono::steady_clock::now() + kAgentDeadline / 2;
+    while (testing::read_file(dir_ / "events").find("round 0 rank 1") == std::string::npos ||
+           testing::read_file(dir_ / "events").find("round 0 rank 0") == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::vector<std::string> argv{"sh", "-c", "exec \"$@\" > '" + newcomer_output() + "' 2>&1", "sh"};
+    argv.insert(argv.end(), argv_.begin(), argv_.end());
+    newcomer_ = std::make_unique<testing::BackgroundProcess>(argv);
+    while (testing::read_file(newcomer_output()).find("waiting to join") == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+  void interrupt_newcomer() { ::kill(-newcomer_->pid(), SIGINT); }
+  void let_workers_finish() { std::ofstream(dir_ / "finish") << "done\n"; }
+  std::string newcomer_output() const { return dir_ / "newcomer"; }
+
+  ProcessResult finish_newcomer() { return newcomer_->finish(kAgentDeadline); }
+  std::vector<ProcessResult> finish_running() {
+    std::vector<ProcessResult> results;
+    for (auto& agent : running_) results.push_back(agent.get());
+    running_.clear();
+    return results;
+  }
+
+ private:
+  int port_;
+  testing::ScratchDir dir_;
+  std::vector<std::string> argv_;
+  std::vector<std::future<ProcessResult>> running_;
+  std::unique_ptr<testing::BackgroundProcess> newcomer_;
+};
+
+TEST(ElasticAgent, AnAgentInterruptedWhileWaitingToJoinLeavesTheJobRunning) {
+  // No restart allowed: a slot the newcomer kept would become a node that never beats, lost, ending the job.
+  JobWithANewcomer job("newcomer-leaves", "2:3", {"--max-restarts", "0"});
+  ASSERT_TRUE(job.start_newcomer()) << testing::read_file(job.newcomer_output());
+  job.interrupt_newcomer();
+  const ProcessResult newcomer = job.finish_newcomer();
+  const std::string said = testing::read_file(job.newcomer_output());
+  EXPECT_FALSE(newcomer.timed_out) << said;
+  EXPECT_EQ(newcomer.exit_code, 128 + SIGINT) << said;
+  EXPECT_NE(said.find("received SIGINT while waiting for a round; no worker was running"), std::string::npos) << said;
+  job.let_workers_finish();
+  for (const ProcessResult& result : job.finish_running()) {
+    EXPECT_FALSE(result.timed_out) << result.output;
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+  }
+}
+
+TEST(ElasticAgent, AJobThatFinishesWhileANodeWaitsToJoinEndsWithZeroOnEveryAgent) {
+  // At its most nodes: the newcomer waits until one goes, and none does.
+  JobWithANewcomer job("newcomer-waits", "2", {});
+  ASSERT_TRUE(job.start_newcomer()) << testing::read_file(job.newcomer_output());
+  job.let_workers_finish();
+  for (const ProcessResult& result : job.finish_running()) {
+    EXPECT_FALSE(result.timed_out) << result.output;
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+  }
+  const ProcessResult newcomer = job.finish_newcomer();
+  const std::string said = testing::read_file(job.newcomer_output());
+  EXPECT_FALSE(newcomer.timed_out) << said;
+  EXPECT_EQ(newcomer.exit_code, 0) << said;
+  EXPECT_NE(said.find("tandem run: the job finished while this node waited to join it"), std::string::npos) << said;
 }
 
 TEST(ElasticAgent, AnEndpointThatNeverAnswersIsOneLineWithinTheJoinTimeout) {
@@ -103,6 +220,29 @@ TEST(ElasticAgent, AnEndpointThatNeverAnswersIsOneLineWithinTheJoinTimeout) {
       << result.output;
   std::cout << "gave up after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
             << " s (join_timeout 2 s)\n";
+}
+
+TEST(ElasticAgent, AnEndpointOfAnotherServiceThatSpeaksFirstIsOneLineWithinTheJoinTimeout) {
+  testing::GreetingPort ssh("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n");
+  const ProcessResult result = testing::run_process(
+      {testing::tandem_cli(), "run", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+       "127.0.0.1:" + std::to_string(ssh.port()), "--rdzv-id", "greeted", "--rdzv-conf", "join_timeout=2", "--",
+       "true"},
+      {}, kAgentDeadline);
+  EXPECT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ssh.port());
+  EXPECT_NE(result.output.find("tandem: error: cannot reach the elastic job's store at " + endpoint +
+                               " within join_timeout 2 s (it spoke first, which no c10d store does"),
+            std::string::npos)
+      << result.output;
+  // Said once what it waits for, not once per try; and no crash dump of c10d's client reading the greeting.
+  const std::regex waiting("tandem run: waiting for the elastic job's store at " + endpoint);
+  EXPECT_EQ(std::distance(std::sregex_iterator(result.output.begin(), result.output.end(), waiting),
+                          std::sregex_iterator()),
+            1)
+      << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -71,6 +71,17 @@ int started_round(const std::string& events, int world, int after = -1) {
   return newest;
 }
 
+// The indices of the lines of `file` that start with `start`.
+std::vector<int> lines_of(const std::string& file, const std::string& start) {
+  std::ifstream in(file);
+  std::vector<int> found;
+  int index = 0;
+  for (std::string line; std::getline(in, line); ++index) {
+    if (line.rfind(start, 0) == 0) found.push_back(index);
+  }
+  return found;
+}
+
 class ElasticJob {
  public:
   ElasticJob() : hosts_(3) {}
@@ -83,10 +94,13 @@ class ElasticJob {
   void start(int host) { start(host, kRendezvousConf); }
   // The agent's own output goes to agent_output(host), where the test can read it while the agent runs.
   void start(int host, const std::string& conf, bool output_to_file = false) {
-    // The same command on every host (the job's agents insist); the host comes through the environment.
-    const std::string worker = "echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK world $WORLD_SIZE host "
-                               "$TEST_HOST\" >> '" + events() + "'; while [ ! -e '" + (dir_ / "finish") +
-                               "' ]; do sleep 0.05; done";
+    // The same command on every host (the job's agents insist); the host comes through the environment. Host
+    // 2's workers ignore SIGTERM, so they go only at SIGKILL after the grace period, while the others stop at
+    // once; every worker says it is alive every 0.1 s: the events show which still ran when a round started.
+    const std::string worker = "[ \"$TEST_HOST\" = 2 ] && trap '' TERM; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK world $WORLD_SIZE "
+                               "host $TEST_HOST\" >> '" + events() + "'; while [ ! -e '" + (dir_ / "finish") +
+                               "' ]; do echo \"alive round $TORCHELASTIC_RESTART_COUNT host $TEST_HOST\" >> '" +
+                               events() + "'; sleep 0.1; done";
     std::vector<std::string> agent{testing::tandem_cli(), "run", "--nnodes", "2:3", "--nproc-per-node", "1",
                                    "--rdzv-backend", "c10d", "--rdzv-endpoint", hosts_.address(0) + ":29400",
                                    "--rdzv-id", "elastic-test", "--rdzv-conf", conf, "--max-restarts", "3",
@@ -195,6 +209,13 @@ TEST(ElasticMultiHost, AHostCutOffRejoinsOnceItsLinkIsBack) {
   ASSERT_TRUE(job.hosts().take_link_down(2, error)) << error;
   const int without = job.wait_for_round(2, first, "host 2's link cut");
   ASSERT_GT(without, first);
+  // The order that keeps a cut-off node from training (or pruning checkpoints) beside the next round: its
+  // workers were gone before the others started their next round (docs/launcher.md, "A cut link").
+  const std::vector<int> cut_off_alive = lines_of(job.events(), "alive round " + std::to_string(first) + " host 2");
+  const std::vector<int> next_started = lines_of(job.events(), "round " + std::to_string(without) + " rank");
+  ASSERT_FALSE(cut_off_alive.empty() || next_started.empty()) << testing::read_file(job.events());
+  EXPECT_LT(cut_off_alive.back(), next_started.front())
+      << "host 2's worker still ran when round " << without << " started:\n" << testing::read_file(job.events());
 
   ASSERT_TRUE(job.hosts().bring_link_up(2, error)) << error;
   const int back = job.wait_for_round(3, without, "host 2's link back");

@@ -43,6 +43,15 @@ struct Agents {
     return result;
   }
 
+  // Both agents left after a change are in round `round` of two nodes, after `failures` rounds ended by one.
+  static void expect_two_in(const std::vector<std::optional<RoundMembership>>& members, int round, int failures) {
+    ASSERT_TRUE(members[0] && members[1]);
+    EXPECT_EQ(members[0]->round, round);
+    EXPECT_EQ(members[0]->nodes, 2);
+    EXPECT_EQ(members[1]->nodes, 2);
+    EXPECT_EQ(members[0]->failures_before, failures);
+  }
+
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
   ElasticSettings job_settings;
   std::vector<std::unique_ptr<RoundRendezvous>> agents;
@@ -110,6 +119,7 @@ TEST(RoundRendezvous, ANodeWhoseHeartbeatStandsStillIsLostAndThatCountsAsAFailur
   const auto t0 = Clock::now();
   for (int i = 0; i < 3; ++i) job.add().enter(t0);
   job.poll(t0);
+  job.agents[2]->beat();  // it trained, then went
   for (int second = 0; second < 3; ++second) {
     for (int i = 0; i < 2; ++i) job.agents[i]->beat();
     for (int i = 0; i < 2; ++i) EXPECT_FALSE(job.agents[i]->watch(t0 + std::chrono::seconds(second))) << second;
@@ -118,14 +128,128 @@ TEST(RoundRendezvous, ANodeWhoseHeartbeatStandsStillIsLostAndThatCountsAsAFailur
   const auto end = job.agents[1]->watch(t0 + 3s);
   ASSERT_TRUE(end);
   EXPECT_TRUE(end->failure);
+  EXPECT_TRUE(end->lost_node);
   EXPECT_NE(end->reason.find("node 2 (agent 2) was lost: no heartbeat for 3.0 s"), std::string::npos) << end->reason;
   for (int i = 0; i < 2; ++i) job.agents[i]->next_round(t0 + 4s);
   EXPECT_FALSE(job.agents[0]->poll_round(t0 + 4s));
-  const auto members = job.poll(t0 + 6s);
+  job.agents.pop_back();
+  Agents::expect_two_in(job.poll(t0 + 6s), 1, 1);
+}
+
+TEST(RoundRendezvous, ANodeThatNeverBeatNeverStartedAndItsLossIsNoFailure) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.poll(t0);
+  for (int second = 0; second <= 3; ++second) {
+    for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+    if (second < 3) EXPECT_FALSE(job.agents[0]->watch(t0 + std::chrono::seconds(second))) << second;
+  }
+  const auto end = job.agents[0]->watch(t0 + 3s);
+  ASSERT_TRUE(end);
+  EXPECT_FALSE(end->failure) << end->reason;
+  EXPECT_TRUE(end->lost_node) << "its workers may run all the same, until its agent gives up on the store";
+  EXPECT_NE(end->reason.find("node 2 (agent 2) never started its round"), std::string::npos) << end->reason;
+}
+
+TEST(RoundRendezvous, ARoundAfterALostNodeClosesOnlyOnceTheLostNodesWorkersAreCertainlyStopped) {
+  ElasticSettings job_settings = settings(2, 3);
+  job_settings.worker_stop_time = 5s;
+  Agents job(job_settings);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.poll(t0);
+  for (int i = 0; i < 3; ++i) job.agents[i]->beat();
+  ASSERT_FALSE(job.agents[0]->watch(t0));
+  const auto end = job.agents[0]->watch(t0 + 3s);
+  ASSERT_TRUE(end && end->lost_node);
+  for (int i = 0; i < 2; ++i) job.agents[i]->next_round(t0 + 3s);
+  job.agents.pop_back();
+  // The end was seen at t0 + 3 s: the lost node's workers are gone by t0 + 8 s, whatever the last call says.
+  for (auto at : {t0 + 3s, t0 + 6s, t0 + 7900ms}) {
+    const auto members = job.poll(at);
+    EXPECT_FALSE(members[0] || members[1]) << (at - t0).count();
+  }
+  Agents::expect_two_in(job.poll(t0 + 8s), 1, 1);
+}
+
+TEST(RoundRendezvous, AnAgentThatLeavesWhileWaitingGivesItsSlotBackAndOnlyLiveAgentsBecomeMembers) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.agents[0]->withdraw();
+  job.agents.erase(job.agents.begin());
+  auto members = job.poll(t0);
+  EXPECT_FALSE(members[0] || members[1]) << "two live of three: the round waits for the last call";
+  members = job.poll(t0 + 2s);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(members[i]) << "agent " << i + 1;
+    EXPECT_EQ(members[i]->nodes, 2);
+    EXPECT_EQ(members[i]->node_rank, i) << "node ranks count live members only";
+  }
+}
+
+TEST(RoundRendezvous, AnAgentThatLeavesAsItsRoundClosesEndsThatRoundBeforeItTrainsAndCostsNoRestart) {
+  Agents job(settings(2, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  ASSERT_TRUE(job.agents[0]->poll_round(t0)) << "three of three: the round closes at once";
+  job.agents[2]->withdraw();
+  EXPECT_FALSE(job.agents[1]->poll_round(t0)) << "a member gave its slot back: this round never trains";
+  const auto end = job.agents[0]->watch(t0);
+  ASSERT_TRUE(end);
+  EXPECT_FALSE(end->failure) << end->reason;
+  EXPECT_NE(end->reason.find("node 2 (agent 2) left before its round started"), std::string::npos) << end->reason;
+  job.agents[0]->next_round(t0);
+  job.agents.pop_back();
+  Agents::expect_two_in(job.poll(t0 + 2s), 1, 0);
+}
+
+TEST(RoundRendezvous, ASlotWhoseAgentStoppedPollingWhileWaitingIsLeftOutOfTheRound) {
+  ElasticSettings job_settings = settings(2, 4);
+  job_settings.last_call = 5s;
+  Agents job(job_settings);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.poll(t0);
+  // Agent 2 hangs (or died) from here on; its slot's heartbeat stands still from t0 on.
+  std::vector<std::optional<RoundMembership>> members(2);
+  for (int second = 1; second <= 5; ++second) {
+    for (int i = 0; i < 2; ++i) members[i] = job.agents[i]->poll_round(t0 + std::chrono::seconds(second));
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(members[i]) << "agent " << i;
+    EXPECT_EQ(members[i]->nodes, 2);
+  }
+  EXPECT_FALSE(job.agents[2]->poll_round(t0 + 6s)) << "left out, it waits in the next round";
+  EXPECT_EQ(job.agents[0]->waiting(), 1);
+}
+
+TEST(RoundRendezvous, AJobThatFinishesWhileANodeWaitsToJoinTellsTheWaitingNode) {
+  Agents job(settings(2, 2));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 2; ++i) job.add().enter(t0);
+  job.poll(t0);
+  RoundRendezvous& late = job.add();
+  late.enter(t0);
+  EXPECT_FALSE(late.poll_round(t0));
+  EXPECT_FALSE(late.job_finished());
+  for (int i = 0; i < 2; ++i) job.agents[i]->mark_succeeded();
+  EXPECT_FALSE(late.poll_round(t0 + 1s));
+  EXPECT_TRUE(late.job_finished());
+}
+
+TEST(RoundRendezvous, ARunningRoundWithASucceededNodeTakesNoNewcomer) {
+  Agents job(settings(1, 3));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 2; ++i) job.add().enter(t0);
+  job.poll(t0);
+  const auto members = job.poll(t0 + 2s);
   ASSERT_TRUE(members[0] && members[1]);
-  EXPECT_EQ(members[0]->round, 1);
-  EXPECT_EQ(members[0]->nodes, 2);
-  EXPECT_EQ(members[0]->failures_before, 1);
+  EXPECT_FALSE(job.agents[0]->mark_succeeded());
+  job.add().enter(t0);
+  for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+  EXPECT_FALSE(job.agents[1]->watch(t0)) << "the job is ending: the newcomer waits for that";
 }
 
 TEST(RoundRendezvous, TooFewNodesWithinTheJoinTimeoutIsOneLineSayingHowManyCame) {
@@ -148,7 +272,7 @@ TEST(RoundRendezvous, ANodeWithOtherWorkersIsRefusedNamingBoth) {
     job.add("1").enter(Clock::now());
     FAIL() << "expected an InvalidArgument";
   } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("this node's `nproc_per_node` is 1, but the job's other nodes run 2"),
+    EXPECT_NE(std::string(error.what()).find("this node's `nproc_per_node` is 1, but the job's other nodes have 2"),
               std::string::npos)
         << error.what();
   }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -115,6 +116,27 @@ HeldPort::HeldPort() : HeldPort(0) {
 
 HeldPort::~HeldPort() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+GreetingPort::GreetingPort(std::string greeting) : greeting_(std::move(greeting)) {
+  thread_ = std::thread([this] {
+    while (!stop_) {
+      pollfd wait{port_.fd(), POLLIN, 0};
+      if (::poll(&wait, 1, 50) != 1) continue;
+      const int fd = ::accept4(port_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      if (::send(fd, greeting_.data(), greeting_.size(), MSG_NOSIGNAL) < 0) {
+        // The client went already; nothing to greet.
+      }
+      accepted_.push_back(fd);
+    }
+  });
+}
+
+GreetingPort::~GreetingPort() {
+  stop_ = true;
+  thread_.join();
+  for (int fd : accepted_) ::close(fd);
 }
 
 }  // namespace tandem::testing

@@ -2,9 +2,12 @@
 // Listening sockets in tests. What the kernel says is listening: the TCP sockets in LISTEN state of this
 // network namespace, read from /proc/net/tcp and /proc/net/tcp6, and which of them a process holds (its
 // /proc/PID/fd), so tests see on which addresses a run's rendezvous store and communicators accept
-// connections without connecting to them. And HeldPort, a port of 127.0.0.1 taken as another job would.
+// connections without connecting to them. And HeldPort, a port of 127.0.0.1 taken as another job would, and
+// GreetingPort, one where another kind of service (SSH, SMTP) greets every connection.
+#include <atomic>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tandem::testing {
@@ -38,10 +41,30 @@ class HeldPort {
 
   bool held() const { return fd_ >= 0; }
   int port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
   int port_ = 0;
+};
+
+// A port of 127.0.0.1 whose server writes `greeting` to every connection it accepts before reading anything, as
+// SSH or SMTP do, then holds the connection open until the object goes.
+class GreetingPort {
+ public:
+  explicit GreetingPort(std::string greeting);
+  ~GreetingPort();
+  GreetingPort(const GreetingPort&) = delete;
+  GreetingPort& operator=(const GreetingPort&) = delete;
+
+  int port() const { return port_.port(); }
+
+ private:
+  HeldPort port_;
+  std::string greeting_;
+  std::atomic<bool> stop_{false};
+  std::vector<int> accepted_;  // owned by the thread until it is joined
+  std::thread thread_;
 };
 
 }  // namespace tandem::testing

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 
 #include "tandem/launch/elastic_options.h"
 
@@ -21,8 +22,11 @@ class AgentStore {
  public:
   // Serves the store or connects to it, trying again until `settings.join_timeout` passes; then throws
   // CommError in one line naming the endpoint and what went wrong the last time. Store operations of the client
-  // give up after `operation_timeout` (a lost link is found out rather than waited on).
-  AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout);
+  // give up after `operation_timeout` (a lost link is found out rather than waited on). A peer that is no store
+  // (it greets first, or accepts and never answers) is one more failed try. `say`, where given, hears once
+  // what the agent waits for, after the first try that failed.
+  AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout,
+             std::function<void(const std::string&)> say = {});
   AgentStore(const AgentStore&) = delete;
   AgentStore& operator=(const AgentStore&) = delete;
 
@@ -38,6 +42,8 @@ class AgentStore {
  private:
   ElasticSettings settings_;
   std::chrono::milliseconds operation_timeout_;
+  std::function<void(const std::string&)> say_;
+  bool said_waiting_ = false;
   bool hosting_ = false;
   c10::intrusive_ptr<c10d::Store> client_;
 };

@@ -26,6 +26,11 @@ struct ElasticSettings {
   // keep_alive_max_attempt intervals is lost (keep_alive_interval, keep_alive_max_attempt).
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
+  // How long a node's agent may take to stop its workers once it starts stopping them: --grace-period and a
+  // margin (set by the agent, not --rdzv-conf; every node gives the same --grace-period). A round that follows a
+  // node's loss waits this long after the loss before it closes: the lost node's agent starts stopping its
+  // workers by the time the others find it lost (docs/launcher.md, "A cut link"), so they are gone by then.
+  std::chrono::milliseconds worker_stop_time{0};
 
   std::chrono::milliseconds heartbeat_lost_after() const { return keep_alive_interval * keep_alive_max_attempt; }
 };
@@ -38,7 +43,7 @@ void parse_node_range(const std::string& text, int& min_nodes, int& max_nodes);
 void parse_rendezvous_endpoint(const std::string& text, ElasticSettings& settings);
 
 // Reads "--rdzv-conf": "key=value,key=value" with torchrun's keys join_timeout, last_call_timeout,
-// keep_alive_interval (seconds, fractions allowed) and keep_alive_max_attempt. Throws InvalidArgument naming
+// keep_alive_interval (seconds, fractions allowed) and keep_alive_max_attempt (2 to 1000). Throws InvalidArgument naming
 // `rdzv_conf` and the entry for an unknown key or a value out of range.
 void parse_rendezvous_conf(const std::string& text, ElasticSettings& settings);
 

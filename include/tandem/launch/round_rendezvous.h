@@ -4,19 +4,27 @@
 //
 //   enter()                      check the job (finished? another job under this id?), take a slot in the
 //                                newest round still open, else in the next one
-//   poll_round() until it says   the round closes: with max_nodes slots taken, or with at least min_nodes and
-//   who is in                    no newcomer for last_call; an agent whose slot came after the close moves on
-//                                to the next round, as one waiting to join
+//   poll_round() until it says   the round closes: with max_nodes live slots, or with at least min_nodes and
+//   who is in                    no newcomer for last_call. Live: not given back (withdraw()) and not standing
+//                                still, as seen by the closing agent; while it waits, each agent beats its slot
+//                                in poll_round() every keep_alive_interval. An agent whose slot was not taken
+//                                in moves on to the next round, as one waiting to join
+//   withdraw()                   an agent that leaves while it waits (a signal, join_timeout) gives its slot back
 //   beat(), watch() each         while the round's workers run: heartbeats; watch() reports the round's end,
-//   keep_alive_interval          ending it first where a node's heartbeat stood still too long (a failure) or
-//                                an agent waits in the next round while this one has fewer than max_nodes
+//   keep_alive_interval          ending it first where a node's heartbeat stood still too long (a failure; a
+//                                change where it never beat: that node never started) or an agent waits in the
+//                                next round while this one has fewer than max_nodes and no node succeeded yet
 //   end_round(...)               a worker failed, or all succeeded elsewhere: the first to end a round names why
 //   next_round()                 take a slot in the round after
 //
-// Every write that decides something (a slot, a round's size, its end, the job's signature) is one atomic add or
-// compare_set, so two agents can never believe different things. Round numbers never repeat: they are the
-// workers' TORCHELASTIC_RESTART_COUNT, whose keys live under /worker/attempt_<round>. Heartbeats are counters,
-// judged by each watcher's own clock, so the nodes' clocks need not agree.
+// Every write that decides something (a slot, a round's members, its end, the job's signature) is one atomic add
+// or compare_set, so two agents can never believe different things. A slot given back as its round closes is
+// caught on one side or the other: withdraw() marks the slot before it reads whether the round closed, and the
+// closing agent reads the marks before it writes the members, so either the closer leaves the slot out, or the
+// members see the mark and end the round before it trains (a change of membership, no failure).
+// Round numbers never repeat: they are the workers' TORCHELASTIC_RESTART_COUNT, whose keys live under
+// /worker/attempt_<round>. Heartbeats are counters, judged by each watcher's own clock, so the nodes' clocks need
+// not agree.
 //
 // Not thread-safe: the caller serialises the calls (elastic_agent.cpp holds a mutex). Store errors (a lost
 // connection) come out as the store's own exceptions; InvalidArgument for a job this agent must not join.
@@ -25,7 +33,9 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "tandem/launch/elastic_options.h"
 
@@ -44,6 +54,9 @@ struct RoundMembership {
 struct RoundEnd {
   bool failure = false;
   std::string reason;  // "node 1 (10.0.0.2, pid 312) was lost: no heartbeat for 3 s", ...
+  // Ended by a node whose heartbeat stood still: its workers may still run until its agent, cut off, gives up on
+  // the store, so the round after closes only settings.worker_stop_time after this end was seen.
+  bool lost_node = false;
 };
 
 class RoundRendezvous {
@@ -65,10 +78,16 @@ class RoundRendezvous {
   void reconnect(c10::intrusive_ptr<c10d::Store> store) { store_ = std::move(store); }
 
   // The round this agent waits in, once it has closed with this agent inside; nullopt while it is open (or when
-  // it closed without this agent, which then waits in the next round). Throws TimeoutError naming how many
-  // nodes came when fewer than min_nodes did within join_timeout of enter(); InvalidArgument when the job has
-  // finished meanwhile.
+  // it closed without this agent, which then waits in the next round, or when the job finished meanwhile:
+  // job_finished()). Throws TimeoutError naming how many nodes came when fewer than min_nodes did within
+  // join_timeout of enter(), after giving the slot back.
   std::optional<RoundMembership> poll_round(Clock::time_point now);
+  // Every node of the job's last round succeeded while this agent waited to join: nothing is left to do.
+  bool job_finished() const { return finished_; }
+  // Gives this agent's slot back while it waits (it leaves: a signal, join_timeout, an error); where the round
+  // closed with it inside already, ends that round as a change of membership, before anyone trains in it. A
+  // member of a round that runs leaves through end_round() and leave() instead.
+  void withdraw();
   // How many agents wait for the next round (for the agent's messages and the tests).
   int64_t waiting() const;
 
@@ -94,6 +113,12 @@ class RoundRendezvous {
   bool is_set(const std::string& key) const;
   std::string read(const std::string& key) const;
   void take_slot(int round, Clock::time_point now);
+  void move_on(Clock::time_point now);
+  bool previous_round_ended(Clock::time_point now);
+  bool lost_node_stopped(Clock::time_point now) const;
+  void beat_while_waiting(Clock::time_point now, int64_t joined);
+  std::vector<int64_t> live_slots(Clock::time_point now, int64_t joined);
+  bool stood_still(int64_t slot, Clock::time_point now) const;
   std::optional<RoundEnd> ended(int round) const;
   int failures_before(int round) const;
   void check_not_done() const;
@@ -111,8 +136,17 @@ class RoundRendezvous {
   int64_t joined_seen_ = -1;
   Clock::time_point joined_since_;
   std::optional<RoundMembership> membership_;
-  // Heartbeats of the running round's nodes (by slot): the count last seen and since when it stood still.
+  std::vector<int64_t> member_slots_;  // the running round's members' slots, in node-rank order
+  // Heartbeats of the running round's nodes, or of the slots waiting beside this one's (by slot): the count last
+  // seen and since when it stood still.
   std::map<int64_t, std::pair<int64_t, Clock::time_point>> heartbeats_;
+  // While waiting: when this agent last beat its slot and last looked at the others', the slots known given
+  // back, and since when the previous round's end by a lost node was seen.
+  std::optional<Clock::time_point> waiting_beat_;
+  std::optional<Clock::time_point> waiting_looked_;
+  std::set<int64_t> given_back_;
+  std::optional<Clock::time_point> lost_end_seen_;
+  bool finished_ = false;
 };
 
 }  // namespace tandem::launch
