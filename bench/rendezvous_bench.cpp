@@ -158,8 +158,9 @@ void run_agent(Simulation& sim, int index, RendezvousBenchResult& result) {
   std::optional<launch::RoundEnd> end;
   {
     auto& ticks = sim.ticks[static_cast<size_t>(index)];
+    const auto started = Clock::now();
     HeartbeatWatch watch(
-        [&]() -> std::optional<launch::RoundEnd> {
+        [&](Clock::time_point /*answer_by: the local store answers every call*/) -> std::optional<launch::RoundEnd> {
           std::optional<launch::RoundEnd> tick_end;
           const auto start = Clock::now();
           const CallTraffic traffic = traffic_of(store, [&] {
@@ -175,7 +176,7 @@ void run_agent(Simulation& sim, int index, RendezvousBenchResult& result) {
           }
           return tick_end;
         },
-        sim.settings.keep_alive_interval);
+        sim.settings.keep_alive_interval, sim.settings.heartbeat_lost_after(), started);
     while (!watch.finished()) {
       bool die = false;
       bool stopped = false;
