@@ -34,7 +34,8 @@ LoopOptions two_epochs_in(const std::string& run_dir, int64_t max_steps = 0) {
 }
 
 // One process, no communicator: a run of its own. `on_run_start` runs once the run dir is chosen.
-TrainResult train_in(const LoopOptions& options, std::function<void(const std::string&)> on_run_start = nullptr) {
+TrainResult train_in(const LoopOptions& options,
+                     std::function<void(const std::string&, const std::string&)> on_run_start = nullptr) {
   torch::manual_seed(1);
   torch::nn::Linear net(8, 2);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -54,7 +55,7 @@ TEST(RunDirLock, ASecondRunInTheSameRunDirIsRefusedNamingTheFirstOnesPidAndHost)
   std::promise<void> first_started, second_tried;
   std::future<void> tried = second_tried.get_future();
   auto first = std::async(std::launch::async, [&] {
-    return train_in(two_epochs_in(run_dir, 4), [&](const std::string&) {
+    return train_in(two_epochs_in(run_dir, 4), [&](const std::string&, const std::string&) {
       first_started.set_value();
       tried.wait();  // the second run comes while this one holds the run dir
     });

@@ -119,7 +119,7 @@ void on_every_rank(int world, const std::function<void(int)>& body) {
 std::string write_checkpoint(const std::vector<std::unique_ptr<Rank>>& ranks, const std::string& run_dir) {
   const int world = static_cast<int>(ranks.size());
   const std::string path = checkpoint_path(run_dir, 1, 0);
-  on_every_rank(world, [&](int r) { write_fsdp_shard_file(path, *ranks[r]->sharded, *ranks[r]->optimizer); });
+  on_every_rank(world, [&](int r) { write_fsdp_shard_file(path, *ranks[r]->sharded, *ranks[r]->module, *ranks[r]->optimizer); });
   CheckpointState state;
   state.epoch = 1;
   state.world_size = world;
