@@ -44,6 +44,28 @@ class QuietC10dWarnings {
   int saved_;
 };
 
+// A client of the TCPStore at host, or std::runtime_error. LibTorch 2.x's client constructor pings its server and
+// waits for the answer without a deadline, so a port where something accepts connections but never answers would
+// hold the rank past its timeout whatever it says: the client is made on a thread of its own, which past the
+// timeout (and a second's grace, so that c10d's own connect failure is the one reported) is left waiting.
+StorePtr connect_client(const std::string& host, const c10d::TCPStoreOptions& options) {
+  auto answer = std::make_shared<std::promise<StorePtr>>();
+  std::future<StorePtr> connected = answer->get_future();
+  std::thread([host, options, answer] {
+    try {
+      answer->set_value(c10::make_intrusive<c10d::TCPStore>(host, options));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (connected.wait_for(options.timeout + std::chrono::seconds(1)) != std::future_status::ready) {
+    throw std::runtime_error(fmt::format("something accepted the connection but gave no answer within {:.0f} s: it is "
+                                         "no store",
+                                         seconds(std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout))));
+  }
+  return connected.get();
+}
+
 // Rank 0 hosts the store, unless the launcher does (launcher_serves) and every rank connects to it.
 StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves, const RankLayout& layout,
                         std::chrono::milliseconds timeout) {
@@ -57,6 +79,7 @@ StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves,
   options.timeout = timeout;
   try {
     const QuietC10dWarnings quiet;
+    if (!serve) return connect_client(host, options);
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& error) {
     if (serve) {
