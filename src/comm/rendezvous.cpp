@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <c10/util/Logging.h>
+#include <netdb.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,11 +45,27 @@ class QuietC10dWarnings {
   int saved_;
 };
 
-// A client of the TCPStore at host, or std::runtime_error. LibTorch 2.x's client constructor pings its server and
-// waits for the answer without a deadline, so a port where something accepts connections but never answers would
-// hold the rank past its timeout whatever it says: the client is made on a thread of its own, which past the
-// timeout (and a second's grace, so that c10d's own connect failure is the one reported) is left waiting.
-StorePtr connect_client(const std::string& host, const c10d::TCPStoreOptions& options) {
+constexpr const char* kNameTheStore =
+    "check that MASTER_ADDR and MASTER_PORT name rank 0's rendezvous store (or tandem run's), not another service";
+
+// What a rank says when something at the store's address accepted its connection and never answered.
+CommError no_answer_at_the_store(int rank, std::chrono::milliseconds timeout) {
+  return CommError(fmt::format("rank {} connected to the rendezvous store's address but got no answer within {:.0f} s: "
+                               "what listens there is no store; {}",
+                               rank, seconds(timeout), kNameTheStore));
+}
+
+// A client of the TCPStore at host for `rank`. LibTorch 2.x's client constructor pings its server and waits for the
+// answer without a deadline, so a port where something accepts connections but never answers would hold the rank
+// past its timeout whatever it says: the client is made on a thread of its own, which past the timeout (and a
+// second's grace, so that c10d's own connect failure is the one reported) is left waiting.
+StorePtr connect_client(const std::string& host, const c10d::TCPStoreOptions& options, int rank) {
+  // A name that the resolver definitely does not know is said at once: c10d would retry it (logging each try) past
+  // the timeout on 2.x, and the wait below would then call it a silent store.
+  addrinfo* addresses = nullptr;
+  const int lookup = ::getaddrinfo(host.c_str(), nullptr, nullptr, &addresses);
+  if (addresses != nullptr) ::freeaddrinfo(addresses);
+  if (lookup == EAI_NONAME) throw std::runtime_error(fmt::format("{} names no host this machine can find", host));
   auto answer = std::make_shared<std::promise<StorePtr>>();
   std::future<StorePtr> connected = answer->get_future();
   std::thread([host, options, answer] {
@@ -59,9 +76,7 @@ StorePtr connect_client(const std::string& host, const c10d::TCPStoreOptions& op
     }
   }).detach();
   if (connected.wait_for(options.timeout + std::chrono::seconds(1)) != std::future_status::ready) {
-    throw std::runtime_error(fmt::format("something accepted the connection but gave no answer within {:.0f} s: it is "
-                                         "no store",
-                                         seconds(std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout))));
+    throw no_answer_at_the_store(rank, std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
   }
   return connected.get();
 }
@@ -79,8 +94,10 @@ StorePtr make_tcp_store(const std::string& host, int port, bool launcher_serves,
   options.timeout = timeout;
   try {
     const QuietC10dWarnings quiet;
-    if (!serve) return connect_client(host, options);
+    if (!serve) return connect_client(host, options, layout.rank);
     return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const CommError&) {
+    throw;
   } catch (const std::exception& error) {
     if (serve) {
       // Ranks that srun started have no launcher to pass a port to; their port comes from the environment.
@@ -178,24 +195,18 @@ int64_t claim_rank(const StorePtr& store, int rank, std::chrono::milliseconds ti
       answer->set_exception(std::current_exception());
     }
   }).detach();
-  const std::string not_a_store =
-      "check that MASTER_ADDR and MASTER_PORT name rank 0's rendezvous store (or tandem run's), not another service";
-  if (claims.wait_for(timeout) != std::future_status::ready) {
-    throw CommError(fmt::format("rank {} connected to the rendezvous store's address but got no answer within {:.0f} "
-                                "s: what listens there is no store; {}",
-                                rank, seconds(timeout), not_a_store));
-  }
+  if (claims.wait_for(timeout) != std::future_status::ready) throw no_answer_at_the_store(rank, timeout);
   int64_t count = 0;
   try {
     count = claims.get();
   } catch (const std::exception& error) {
     throw CommError(fmt::format("rank {}'s first request to the rendezvous store failed ({}); {}", rank, error.what(),
-                                not_a_store));
+                                kNameTheStore));
   }
   if (count < 1 || count > kMostClaims) {
     throw CommError(fmt::format("rank {}'s first request to the rendezvous store got an answer no store gives (a "
                                 "count of {} claims to the rank); {}",
-                                rank, count, not_a_store));
+                                rank, count, kNameTheStore));
   }
   return count;
 }
