@@ -5,14 +5,15 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <c10/util/Logging.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <future>
 #include <memory>
+#include <optional>
 #include <thread>
 
+#include "tandem/comm/store_probe.h"
+#include "tandem/util/call_within.h"
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
@@ -55,30 +56,37 @@ CommError no_answer_at_the_store(int rank, std::chrono::milliseconds timeout) {
                                rank, seconds(timeout), kNameTheStore));
 }
 
-// A client of the TCPStore at host for `rank`. LibTorch 2.x's client constructor pings its server and waits for the
-// answer without a deadline, so a port where something accepts connections but never answers would hold the rank
-// past its timeout whatever it says: the client is made on a thread of its own, which past the timeout (and a
-// second's grace, so that c10d's own connect failure is the one reported) is left waiting.
+// A client of the TCPStore at host for `rank`. The address is probed first (store_probe.h): c10d's client must not
+// meet another service, whose bytes LibTorch 1.13 reads as a length and dies of std::bad_alloc; a port that
+// accepts connections and never answers is said within the timeout; and a name that the resolver definitely does
+// not know is said at once (c10d would retry it, logging each try, past the timeout on 2.x). Nothing listening
+// yet is no verdict while time is left: rank 0 may not be up, and c10d's client retries until the timeout. The
+// client is then made on a thread of its own (call_within), as LibTorch 2.x's constructor pings its server without
+// a deadline; past the timeout, and a second's grace so that c10d's own connect failure is the one reported, it is
+// left waiting.
 StorePtr connect_client(const std::string& host, const c10d::TCPStoreOptions& options, int rank) {
-  // A name that the resolver definitely does not know is said at once: c10d would retry it (logging each try) past
-  // the timeout on 2.x, and the wait below would then call it a silent store.
-  addrinfo* addresses = nullptr;
-  const int lookup = ::getaddrinfo(host.c_str(), nullptr, nullptr, &addresses);
-  if (addresses != nullptr) ::freeaddrinfo(addresses);
-  if (lookup == EAI_NONAME) throw std::runtime_error(fmt::format("{} names no host this machine can find", host));
-  auto answer = std::make_shared<std::promise<StorePtr>>();
-  std::future<StorePtr> connected = answer->get_future();
-  std::thread([host, options, answer] {
-    try {
-      answer->set_value(c10::make_intrusive<c10d::TCPStore>(host, options));
-    } catch (...) {
-      answer->set_exception(std::current_exception());
-    }
-  }).detach();
-  if (connected.wait_for(options.timeout + std::chrono::seconds(1)) != std::future_status::ready) {
-    throw no_answer_at_the_store(rank, std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const StoreProbe probe = probe_store(host, options.port, timeout);
+  switch (probe.verdict) {
+    case StoreProbe::Verdict::kStore:
+      break;
+    case StoreProbe::Verdict::kNoConnection:
+      if (std::chrono::steady_clock::now() >= deadline) throw std::runtime_error(probe.why);
+      break;
+    case StoreProbe::Verdict::kNoSuchHost:
+      throw std::runtime_error(probe.why);
+    case StoreProbe::Verdict::kSilent:
+      throw no_answer_at_the_store(rank, timeout);
+    case StoreProbe::Verdict::kNotAStore:
+      throw CommError(fmt::format("rank {} found no rendezvous store at {}:{}: {}; {}", rank, host, options.port,
+                                  probe.why, kNameTheStore));
   }
-  return connected.get();
+  std::optional<StorePtr> store =
+      call_within(options.timeout + std::chrono::seconds(1),
+                  [host, options]() -> StorePtr { return c10::make_intrusive<c10d::TCPStore>(host, options); });
+  if (!store) throw no_answer_at_the_store(rank, timeout);
+  return *store;
 }
 
 // Rank 0 hosts the store, unless the launcher does (launcher_serves) and every rank connects to it.
@@ -181,28 +189,21 @@ namespace {
 constexpr int64_t kMostClaims = 1 << 20;
 
 // Claims `rank` in the store and returns its claims so far, 1 unless another process was given the rank: the
-// first request of a rank, so the one that finds out whether the store's address holds a store at all. The
-// TCPStore client of LibTorch 1.13 waits for an answer without a deadline, and a port where something accepts
-// connections but never answers hung the rank whatever its timeout; so the request runs on a thread of its own,
-// which holds the store, and past `timeout` the rank fails and leaves that thread waiting.
+// first request of a rank, so the one that finds out whether the store's address holds a store at all (a FileStore,
+// or a TCP store the probe could not reach yet). The TCPStore client of LibTorch 1.13 waits for an answer without a
+// deadline, and a port where something accepts connections but never answers hung the rank whatever its timeout;
+// so the request runs on a thread of its own (call_within), which holds the store, and past `timeout` the rank
+// fails and leaves that thread waiting.
 int64_t claim_rank(const StorePtr& store, int rank, std::chrono::milliseconds timeout) {
-  auto answer = std::make_shared<std::promise<int64_t>>();
-  std::future<int64_t> claims = answer->get_future();
-  std::thread([store, answer, key = join_key(rank) + "/claims"] {
-    try {
-      answer->set_value(store->add(key, 1));
-    } catch (...) {
-      answer->set_exception(std::current_exception());
-    }
-  }).detach();
-  if (claims.wait_for(timeout) != std::future_status::ready) throw no_answer_at_the_store(rank, timeout);
-  int64_t count = 0;
+  std::optional<int64_t> claims;
   try {
-    count = claims.get();
+    claims = call_within(timeout, [store, key = join_key(rank) + "/claims"] { return store->add(key, 1); });
   } catch (const std::exception& error) {
     throw CommError(fmt::format("rank {}'s first request to the rendezvous store failed ({}); {}", rank, error.what(),
                                 kNameTheStore));
   }
+  if (!claims) throw no_answer_at_the_store(rank, timeout);
+  const int64_t count = *claims;
   if (count < 1 || count > kMostClaims) {
     throw CommError(fmt::format("rank {}'s first request to the rendezvous store got an answer no store gives (a "
                                 "count of {} claims to the rank); {}",

@@ -2,18 +2,18 @@
 
 #include <fmt/format.h>
 #include <netdb.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-#include <future>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
+#include "tandem/comm/store_probe.h"
+#include "tandem/util/call_within.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 
@@ -58,81 +58,41 @@ int bind_endpoint(const std::string& host, int port) {
   return -1;
 }
 
-// How long a fresh connection is watched for a greeting: a c10d store never speaks first, while SSH, SMTP, FTP,
-// MySQL and other such services greet at once. A store client fed such bytes reads them as its answers (a
-// length of gigabytes: std::bad_alloc), so the agent must not hand it such a peer.
-constexpr std::chrono::milliseconds kGreetingWindow{100};
-
-// Why the peer on `fd`, just connected, is no c10d store, or empty where nothing shows that.
-std::string not_a_store(int fd) {
-  pollfd wait{fd, POLLIN, 0};
-  if (::poll(&wait, 1, static_cast<int>(kGreetingWindow.count())) != 1) return {};
-  char byte = 0;
-  const ssize_t got = ::recv(fd, &byte, 1, MSG_PEEK);
-  if (got > 0) return "it spoke first, which no c10d store does: another service listens there";
-  return "it closed the connection at once";
-}
-
-// Whether something accepts connections at host:port within `timeout`, and does not show itself another kind of
-// service; throws std::runtime_error saying why not. Tried before TCPStore's own connect, which logs an error
-// line for every try that fails.
-void probe(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  AddressList addresses = resolve_endpoint(host, port, AI_NUMERICSERV);
-  if (!addresses) throw std::runtime_error(fmt::format("{} names no host this node can find", host));
-  std::string why = "no address";
-  for (const addrinfo* address = addresses.get(); address != nullptr; address = address->ai_next) {
-    const int fd = ::socket(address->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) continue;
-    int error = ::connect(fd, address->ai_addr, address->ai_addrlen) == 0 ? 0 : errno;
-    if (error == EINPROGRESS) {
-      pollfd wait{fd, POLLOUT, 0};
-      socklen_t length = sizeof(error);
-      error = ::poll(&wait, 1, static_cast<int>(timeout.count())) == 1
-                  ? (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 ? error : errno)
-                  : ETIMEDOUT;
-    }
-    if (error == 0) {
-      why = not_a_store(fd);
-      ::close(fd);
-      if (why.empty()) return;
-      continue;
-    }
-    ::close(fd);
-    why = std::strerror(error);
-  }
-  throw std::runtime_error(why);
-}
+// A try that found another service at the endpoint: evidence that outweighs a later try's silence (a service that
+// greets late says nothing within a try cut short by join_timeout), so the agent's last word names it.
+class AnotherService : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // A client of the store at host:port, connected and answering, within `timeout` in all; throws
-// std::runtime_error saying why not. The TCPStore runs on a thread of its own: LibTorch 2.x's client constructor
-// pings the store and waits for the answer without a deadline, so a peer that accepts connections but never
-// answers (a hung store host, a port some other program listens on) would hold the agent past join_timeout for
-// ever. Such a thread is left behind, blocked on its own socket, and ends with the process.
-c10::intrusive_ptr<c10d::Store> connect_once(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  probe(host, port, timeout);
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = false;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  auto answer = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
-  std::future<c10::intrusive_ptr<c10d::Store>> connected = answer->get_future();
-  std::thread([host, options, answer] {
-    try {
-      auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-      store->add(kConnectedKey, 1);
-      store->wait({kConnectedKey}, options.timeout);
-      answer->set_value(store);
-    } catch (...) {
-      answer->set_exception(std::current_exception());
-    }
-  }).detach();
-  if (connected.wait_until(deadline) != std::future_status::ready) {
-    throw std::runtime_error(fmt::format("it accepted the connection but did not answer within {:.1f} s",
-                                         timeout.count() / 1000.0));
-  }
-  return connected.get();
+// std::runtime_error saying why not, or returns null once `interrupted` said yes. The probe comes first: c10d's
+// client must never meet a peer that is no store (store_probe.h), and TCPStore's own connect logs an error line
+// for every try that fails. Both run on a thread of their own (call_within), so that a Ctrl-C is heard while they
+// wait: LibTorch 2.x's client constructor pings the store and waits for the answer without a deadline.
+c10::intrusive_ptr<c10d::Store> connect_once(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                             const std::function<bool()>& interrupted) {
+  std::optional<c10::intrusive_ptr<c10d::Store>> connected = call_within(
+      timeout,
+      [host, port, timeout]() -> c10::intrusive_ptr<c10d::Store> {
+        const comm::StoreProbe probe = comm::probe_store(host, port, timeout);
+        if (probe.verdict == comm::StoreProbe::Verdict::kNotAStore) throw AnotherService(probe.why);
+        if (probe.verdict != comm::StoreProbe::Verdict::kStore) throw std::runtime_error(probe.why);
+        c10d::TCPStoreOptions options;
+        options.port = static_cast<uint16_t>(port);
+        options.isServer = false;
+        options.waitWorkers = false;
+        options.timeout = timeout;
+        auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+        store->add(kConnectedKey, 1);
+        store->wait({kConnectedKey}, options.timeout);
+        return store;
+      },
+      interrupted);
+  if (connected) return *connected;
+  if (interrupted()) return {};
+  throw std::runtime_error(
+      fmt::format("it accepted the connection but did not answer within {:.1f} s", timeout.count() / 1000.0));
 }
 
 }  // namespace
@@ -177,14 +137,18 @@ AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::millisecond
 
 c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline, const std::function<bool()>& stop) {
   std::string last_error;
+  std::string another_service;
   while (!stop()) {
     if (hosting_) return client_;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     try {
       return connect_once(settings_.host, settings_.port,
-                          std::max(std::min(operation_timeout_, left), std::chrono::milliseconds(100)));
+                          std::max(std::min(operation_timeout_, left), std::chrono::milliseconds(100)), stop);
+    } catch (const AnotherService& error) {
+      another_service = first_line(error.what());
+      last_error = another_service;
     } catch (const std::exception& error) {
-      last_error = first_line(error.what());
+      last_error = another_service.empty() ? first_line(error.what()) : another_service;
     }
     if (!said_waiting_ && say_) {
       say_(fmt::format("waiting for the elastic job's store at {}:{} ({}); trying until join_timeout {:.0f} s",

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +21,7 @@
 #include "tandem/comm/local_address.h"
 #include "tandem/launch/agent_store.h"
 #include "tandem/launch/round_rendezvous.h"
+#include "tandem/util/call_within.h"
 #include "tandem/util/error.h"
 
 namespace tandem::launch {
@@ -168,28 +168,17 @@ class ElasticAgent {
 
   // Runs `operation` on the rounds of the current session and returns what it returns, or throws StoreSilent
   // when no answer came within the store timeout (or by `answer_by`, where that is sooner). `operation` is copied
-  // to the thread that runs it, which may outlive this call: it must capture by value.
+  // to the thread that runs it, which may outlive this call (call_within): it must capture by value.
   template <typename Operation>
   auto on_store(Operation operation, std::optional<Clock::time_point> answer_by = std::nullopt)
       -> decltype(operation(std::declval<RoundRendezvous&>())) {
-    using Result = decltype(operation(std::declval<RoundRendezvous&>()));
-    auto answer = std::make_shared<std::promise<Result>>();
-    std::future<Result> result = answer->get_future();
-    std::thread([session = session_, answer, operation]() mutable {
-      try {
-        std::lock_guard<std::mutex> lock(session->mutex);
-        if constexpr (std::is_void_v<Result>) {
-          operation(session->rounds);
-          answer->set_value();
-        } else {
-          answer->set_value(operation(session->rounds));
-        }
-      } catch (...) {
-        answer->set_exception(std::current_exception());
-      }
-    }).detach();
     const auto bound = Clock::now() + store_timeout_ + kStoreAnswerMargin;
-    if (result.wait_until(std::min(bound, answer_by.value_or(bound))) != std::future_status::ready) {
+    auto answered = call_within(std::min(bound, answer_by.value_or(bound)) - Clock::now(),
+                                [session = session_, operation]() mutable {
+                                  std::lock_guard<std::mutex> lock(session->mutex);
+                                  return operation(session->rounds);
+                                });
+    if (!answered) {
       if (answer_by && *answer_by < bound) {
         throw StoreSilent(fmt::format("no heartbeat answered for {:.1f} s, the time after which the other nodes "
                                       "take this one for lost",
@@ -198,7 +187,7 @@ class ElasticAgent {
       throw StoreSilent(fmt::format("it did not answer within {:.0f} s",
                                     (store_timeout_ + kStoreAnswerMargin).count() / 1000.0));
     }
-    return result.get();
+    if constexpr (!std::is_void_v<decltype(operation(std::declval<RoundRendezvous&>()))>) return std::move(*answered);
   }
 
   // A signal (Ctrl-C, SIGTERM, SIGHUP) before this node's workers started ends the agent with 128 + the signal.

@@ -252,6 +252,22 @@ TEST_F(BadProgramInput, MasterPortThatNeverAnswersFailsWithinTheTimeout) {
   EXPECT_FALSE(result.timed_out);
 }
 
+// A port of another service that greets half a second after the connection (SSH, SMTP): c10d's store client
+// read the greeting as a length, and LibTorch 1.13's died of std::bad_alloc.
+TEST_F(BadProgramInput, MasterPortOfAServiceThatGreetsLateIsOneLine) {
+  testing::GreetingPort ssh("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n", std::chrono::milliseconds(500));
+  const testing::ProcessResult result = testing::expect_one_line_refusal(
+      {"GreetingMasterPort",
+       {"train", "--data", fixture("absent"), "--timeout", "5", "--run-dir", fixture("greeting_port_run")},
+       {"[tandem rank 1/2] error: rank 1 found no rendezvous store at 127.0.0.1:" + std::to_string(ssh.port()) +
+            ": it answered as no c10d store does (\"SSH-2.0-OpenSSH_9.2p1 De...\"): another service listens there",
+        "check that MASTER_ADDR and MASTER_PORT name rank 0's rendezvous store"},
+       1,
+       /*only_line=*/true,
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ssh.port())}}});
+  EXPECT_FALSE(result.timed_out);
+}
+
 // An address that names no host: c10d logged a warning for every attempt to reach it, one a second until the
 // timeout, before the rank's own error line.
 TEST_F(BadProgramInput, MasterAddrThatNamesNoHostIsOneLineFromTheRank) {

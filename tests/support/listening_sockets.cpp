@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace tandem::testing {
 namespace {
@@ -118,17 +119,29 @@ HeldPort::~HeldPort() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-GreetingPort::GreetingPort(std::string greeting) : greeting_(std::move(greeting)) {
+GreetingPort::GreetingPort(std::string greeting, std::chrono::milliseconds delay)
+    : greeting_(std::move(greeting)), delay_(delay) {
   thread_ = std::thread([this] {
+    std::vector<std::pair<int, std::chrono::steady_clock::time_point>> to_greet;
     while (!stop_) {
       pollfd wait{port_.fd(), POLLIN, 0};
-      if (::poll(&wait, 1, 50) != 1) continue;
-      const int fd = ::accept4(port_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      if (::send(fd, greeting_.data(), greeting_.size(), MSG_NOSIGNAL) < 0) {
-        // The client went already; nothing to greet.
+      if (::poll(&wait, 1, 10) == 1) {
+        const int fd = ::accept4(port_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) {
+          accepted_.push_back(fd);
+          to_greet.push_back({fd, std::chrono::steady_clock::now() + delay_});
+        }
       }
-      accepted_.push_back(fd);
+      for (auto due = to_greet.begin(); due != to_greet.end();) {
+        if (std::chrono::steady_clock::now() < due->second) {
+          ++due;
+          continue;
+        }
+        if (::send(due->first, greeting_.data(), greeting_.size(), MSG_NOSIGNAL) < 0) {
+          // The client went already; nothing to greet.
+        }
+        due = to_greet.erase(due);
+      }
     }
   });
 }

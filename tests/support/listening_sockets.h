@@ -5,6 +5,7 @@
 // connections without connecting to them. And HeldPort, a port of 127.0.0.1 taken as another job would, and
 // GreetingPort, one where another kind of service (SSH, SMTP) greets every connection.
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <string>
 #include <thread>
@@ -48,11 +49,12 @@ class HeldPort {
   int port_ = 0;
 };
 
-// A port of 127.0.0.1 whose server writes `greeting` to every connection it accepts before reading anything, as
-// SSH or SMTP do, then holds the connection open until the object goes.
+// A port of 127.0.0.1 whose server writes `greeting` to every connection it accepts, `delay` after accepting it
+// and without reading anything, as SSH or SMTP do (a loaded or distant one after a while), then holds the
+// connection open until the object goes.
 class GreetingPort {
  public:
-  explicit GreetingPort(std::string greeting);
+  explicit GreetingPort(std::string greeting, std::chrono::milliseconds delay = std::chrono::milliseconds(0));
   ~GreetingPort();
   GreetingPort(const GreetingPort&) = delete;
   GreetingPort& operator=(const GreetingPort&) = delete;
@@ -62,6 +64,7 @@ class GreetingPort {
  private:
   HeldPort port_;
   std::string greeting_;
+  std::chrono::milliseconds delay_;
   std::atomic<bool> stop_{false};
   std::vector<int> accepted_;  // owned by the thread until it is joined
   std::thread thread_;

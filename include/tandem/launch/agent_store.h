@@ -23,8 +23,9 @@ class AgentStore {
   // Serves the store or connects to it, trying again until `settings.join_timeout` passes; then throws
   // CommError in one line naming the endpoint and what went wrong the last time. Store operations of the client
   // give up after `operation_timeout` (a lost link is found out rather than waited on). A peer that is no store
-  // (it greets first, or accepts and never answers) is one more failed try. `say`, where given, hears once
-  // what the agent waits for, after the first try that failed.
+  // (it talks first, answers as no store does, or accepts and never answers: comm/store_probe.h) is one more failed
+  // try, never handed to c10d's client. `say`, where given, hears once what the agent waits for, after the first
+  // try that failed.
   AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout,
              std::function<void(const std::string&)> say = {});
   AgentStore(const AgentStore&) = delete;
@@ -34,8 +35,8 @@ class AgentStore {
   // This agent's connection: the serving store itself where this agent hosts it.
   const c10::intrusive_ptr<c10d::Store>& client() const { return client_; }
   // A fresh connection after the old one was lost, trying until `deadline`; throws CommError like the
-  // constructor. Where this agent hosts the store, the store itself. `stop` is asked between tries (each bounded
-  // by the operation timeout): once it says yes, returns null.
+  // constructor. Where this agent hosts the store, the store itself. `stop` is asked while it waits (every 100 ms,
+  // on this thread): once it says yes, returns null.
   c10::intrusive_ptr<c10d::Store> reconnect(std::chrono::steady_clock::time_point deadline,
                                             const std::function<bool()>& stop = [] { return false; });
 

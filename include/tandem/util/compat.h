@@ -142,6 +142,59 @@ inline bool serve_from_listening_socket(c10d::TCPStoreOptions& options, int list
 #endif
 }
 
+// The bytes of a c10d TCPStore request that changes nothing and that every TCPStore server answers with `value`
+// itself: a compare-and-set of `key`, which must not exist, from `value` to `value` (a server answers the
+// compare-and-set of a missing key with the expected value, and creates nothing). The answer reads as any value
+// c10d sends: its length (uint64, host order), then its bytes. Strings go the same way. 1.13's COMPARE_SET is
+// query 1. 2.x's is query 2 (VALIDATE took 0), and a connection's first request must be VALIDATE with c10d's
+// magic number: the libuv server (2.x's default) ignores other first requests, the classic one resets the
+// connection. Checked against 1.13's server and both of 2.11's (libuv and classic; num_keys unchanged after);
+// the versions between are unchecked.
+inline std::vector<uint8_t> store_echo_request(const std::string& key, const std::string& value) {
+  std::vector<uint8_t> request;
+  const auto append = [&request](const void* bytes, size_t size) {
+    const auto* first = static_cast<const uint8_t*>(bytes);
+    request.insert(request.end(), first, first + size);
+  };
+  const auto append_string = [&append](const std::string& text) {
+    const uint64_t size = text.size();
+    append(&size, sizeof(size));
+    append(text.data(), text.size());
+  };
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 0)
+  constexpr uint8_t kValidate = 0;
+  constexpr uint32_t kValidationMagicNumber = 0x3C85F7CE;
+  constexpr uint8_t kCompareSet = 2;
+  request.push_back(kValidate);
+  append(&kValidationMagicNumber, sizeof(kValidationMagicNumber));
+#else
+  constexpr uint8_t kCompareSet = 1;
+#endif
+  request.push_back(kCompareSet);
+  append_string(key);
+  append_string(value);  // expected
+  append_string(value);  // desired
+  return request;
+}
+
+// Options for each kind of TCPStore server this LibTorch runs, by name, serving on a free port and waiting for no
+// worker: 1.13 has one; 2.x has the libuv server (its default from 2.4 on) and the classic one (useLibUV false).
+// Tests that speak the store's protocol run against each.
+inline std::vector<std::pair<std::string, c10d::TCPStoreOptions>> tcp_store_server_kinds() {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+#if TANDEM_TORCH_VERSION_AT_LEAST(2, 4)
+  c10d::TCPStoreOptions classic = options;
+  options.useLibUV = true;
+  classic.useLibUV = false;
+  return {{"libuv", options}, {"classic", classic}};
+#else
+  return {{"classic", options}};
+#endif
+}
+
 // c10d's Store: 2.x declares a pure clone(), a thread-safe store object over the same store, which 1.13 lacks
 // (added in 2.5; the versions between 2.0 and 2.4 are unchecked). A store that tandem implements is thread-safe
 // itself and derives from SharedStore, whose clone is the store itself.
