@@ -110,7 +110,7 @@ bool is_local_address(const std::string& host) {
 }
 
 AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout,
-                       std::function<void(const std::string&)> say)
+                       std::function<void(const std::string&)> say, const std::function<bool()>& stop)
     : settings_(settings), operation_timeout_(operation_timeout), say_(std::move(say)) {
   const int fd = is_local_address(settings.host) ? bind_endpoint(settings.host, settings.port) : -1;
   if (fd >= 0) {
@@ -132,7 +132,7 @@ AgentStore::AgentStore(const ElasticSettings& settings, std::chrono::millisecond
       // Another agent of this host took the port in between: join it as a client, below.
     }
   }
-  client_ = reconnect(Clock::now() + settings.join_timeout);
+  client_ = reconnect(Clock::now() + settings.join_timeout, stop);
 }
 
 c10::intrusive_ptr<c10d::Store> AgentStore::reconnect(Clock::time_point deadline, const std::function<bool()>& stop) {

@@ -108,16 +108,18 @@ class ElasticAgent {
       : plan_(plan),
         settings_(settings_of(plan)),
         store_timeout_(std::max(settings_.heartbeat_lost_after(), kMinStoreTimeout)),
-        // The store first: a Ctrl-C while it is being reached still ends the process; the Supervisor's signal
-        // handlers come after.
-        store_(settings_, store_timeout_, [](const std::string& line) { report(line); }),
+        // The Supervisor first: its signal handlers are in place while the store is being reached, so that a
+        // Ctrl-C then ends the agent as it does later (interrupted_while), not by the signal's default death.
         supervisor_(plan.grace_period),
+        store_(settings_, store_timeout_, [](const std::string& line) { report(line); },
+               [this] { return signalled(); }),
         node_(describe_node(settings_.host)),
         signature_(job_signature(plan, settings_)) {
-    start_session(store_.client());
+    if (store_.client()) start_session(store_.client());
   }
 
   int run() {
+    if (!client_) return interrupted_while("waiting for the elastic job's store");
     enter();
     bool said_waiting = false;
     while (true) {
@@ -150,7 +152,7 @@ class ElasticAgent {
         }
         if (supervisor_.wait_for_signal(kAgentPoll) != 0) {
           withdraw();
-          return interrupted_while_waiting();
+          return interrupted_while("waiting for a round");
         }
       }
       if (std::optional<int> code = run_round(*membership, polled_at)) return *code;
@@ -190,10 +192,14 @@ class ElasticAgent {
     if constexpr (!std::is_void_v<decltype(operation(std::declval<RoundRendezvous&>()))>) return std::move(*answered);
   }
 
-  // A signal (Ctrl-C, SIGTERM, SIGHUP) before this node's workers started ends the agent with 128 + the signal.
-  int interrupted_while_waiting() {
-    report(fmt::format("received {} while waiting for a round; no worker was running",
-                       signal_name(supervisor_.signal_received())));
+  // Whether a signal (Ctrl-C, SIGTERM, SIGHUP) came; once one did, always.
+  bool signalled() { return supervisor_.wait_for_signal(std::chrono::milliseconds(0)) != 0; }
+
+  // A signal before this node's workers started, or while none ran, ends the agent with 128 + the signal and one
+  // line saying what it was doing.
+  int interrupted_while(const std::string& doing) {
+    report(fmt::format("received {} while {}; no worker was running", signal_name(supervisor_.signal_received()),
+                       doing));
     return 128 + supervisor_.signal_received();
   }
 
@@ -236,7 +242,7 @@ class ElasticAgent {
     std::string store_error;
     int code_if_last = 1;
     const std::string here = fmt::format("on node {} ({})", membership.node_rank, node_);
-    if (supervisor_.wait_for_signal(std::chrono::milliseconds(0)) != 0) {
+    if (signalled()) {
       // Signalled as its round closed, before any worker started: a change of membership, as for a slot given
       // back, not a failure that would cost the others a restart.
       try {
@@ -246,7 +252,7 @@ class ElasticAgent {
         throw;
       } catch (const std::exception&) {
       }
-      return interrupted_while_waiting();
+      return interrupted_while("waiting for a round");
     }
     report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}", membership.round,
                        membership.node_rank, membership.nodes, round_plan.global_rank(0),
@@ -375,14 +381,9 @@ class ElasticAgent {
                        "{:.0f} s",
                        settings_.host, settings_.port, why, settings_.join_timeout.count() / 1000.0));
     const auto deadline = Clock::now() + settings_.join_timeout;
-    const auto interrupted = [this] { return supervisor_.wait_for_signal(std::chrono::milliseconds(0)) != 0; };
     while (true) {
-      c10::intrusive_ptr<c10d::Store> client = store_.reconnect(deadline, interrupted);
-      if (!client) {
-        report(fmt::format("received {} while trying to rejoin; no worker was running",
-                           signal_name(supervisor_.signal_received())));
-        return 128 + supervisor_.signal_received();
-      }
+      c10::intrusive_ptr<c10d::Store> client = store_.reconnect(deadline, [this] { return signalled(); });
+      if (!client) return interrupted_while("trying to rejoin");
       start_session(client);
       try {
         enter();
@@ -407,8 +408,8 @@ class ElasticAgent {
   const LaunchPlan& plan_;
   ElasticSettings settings_;
   std::chrono::milliseconds store_timeout_;
-  AgentStore store_;
   Supervisor supervisor_;
+  AgentStore store_;
   std::string node_;
   std::map<std::string, std::string> signature_;
   c10::intrusive_ptr<c10d::Store> client_;  // the session's connection, unprefixed

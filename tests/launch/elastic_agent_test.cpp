@@ -3,7 +3,8 @@
 // failing on one node restarts every node's workers in a new round, until --max-restarts is used up; agents that
 // disagree on the job are refused; an agent that leaves while it waits to join leaves the job running, and one
 // that waits while the job finishes ends with it; an endpoint that is no store ends in one line within
-// join_timeout. Losing hosts and links is elastic_multi_host_test.cpp's.
+// join_timeout, and a Ctrl-C while the agent waits for the store, in one line and 130. Losing hosts and links is
+// elastic_multi_host_test.cpp's.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -256,6 +257,35 @@ TEST(ElasticAgent, AnEndpointOfAnotherServiceThatSpeaksFirstIsOneLineWithinTheJo
 
 TEST(ElasticAgent, AnEndpointOfAnotherServiceThatGreetsHalfASecondLateIsOneLineWithinTheJoinTimeout) {
   expect_a_greeting_service_is_one_line(500ms);
+}
+
+// A Ctrl-C while the agent waits for the store ended it by the signal's default death, with no word: it ends as
+// one later does, with 128 + the signal and one line.
+TEST(ElasticAgent, AnAgentInterruptedWhileWaitingForTheStoreSaysSoAndExitsWith130) {
+  testing::HeldPort silent;
+  testing::ScratchDir dir;
+  const std::string output = dir / "agent";
+  std::vector<std::string> argv{"sh", "-c", "exec \"$@\" > '" + output + "' 2>&1", "sh"};
+  const std::vector<std::string> agent =
+      agent_argv(silent.port(), "interrupted", {}, "true", "2", kAgentConf);
+  argv.insert(argv.end(), agent.begin(), agent.end());
+  testing::BackgroundProcess process(argv);
+  const auto give_up = std::chrono::steady_clock::now() + kAgentDeadline / 2;
+  while (testing::read_file(output).find("waiting for the elastic job's store") == std::string::npos &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(testing::read_file(output).find("waiting for the elastic job's store"), std::string::npos)
+      << testing::read_file(output);
+  ::kill(-process.pid(), SIGINT);
+  const ProcessResult result = process.finish(kAgentDeadline);
+  const std::string said = testing::read_file(output);
+  EXPECT_FALSE(result.timed_out) << said;
+  EXPECT_EQ(result.term_signal, 0) << said;
+  EXPECT_EQ(result.exit_code, 128 + SIGINT) << said;
+  EXPECT_NE(said.find("tandem run: received SIGINT while waiting for the elastic job's store; no worker was running"),
+            std::string::npos)
+      << said;
 }
 
 }  // namespace

@@ -25,9 +25,10 @@ class AgentStore {
   // give up after `operation_timeout` (a lost link is found out rather than waited on). A peer that is no store
   // (it talks first, answers as no store does, or accepts and never answers: comm/store_probe.h) is one more failed
   // try, never handed to c10d's client. `say`, where given, hears once what the agent waits for, after the first
-  // try that failed.
+  // try that failed. `stop` is asked while the agent waits (every 100 ms, on this thread): once it says yes,
+  // client() stays null.
   AgentStore(const ElasticSettings& settings, std::chrono::milliseconds operation_timeout,
-             std::function<void(const std::string&)> say = {});
+             std::function<void(const std::string&)> say = {}, const std::function<bool()>& stop = [] { return false; });
   AgentStore(const AgentStore&) = delete;
   AgentStore& operator=(const AgentStore&) = delete;
 
@@ -35,8 +36,8 @@ class AgentStore {
   // This agent's connection: the serving store itself where this agent hosts it.
   const c10::intrusive_ptr<c10d::Store>& client() const { return client_; }
   // A fresh connection after the old one was lost, trying until `deadline`; throws CommError like the
-  // constructor. Where this agent hosts the store, the store itself. `stop` is asked while it waits (every 100 ms,
-  // on this thread): once it says yes, returns null.
+  // constructor. Where this agent hosts the store, the store itself. `stop` is asked while it waits, as by the
+  // constructor: once it says yes, returns null.
   c10::intrusive_ptr<c10d::Store> reconnect(std::chrono::steady_clock::time_point deadline,
                                             const std::function<bool()>& stop = [] { return false; });
 
