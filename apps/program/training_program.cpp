@@ -121,21 +121,56 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   return out;
 }
 
-// Whether --sync-bn would find BatchNorm layers in `model_name`: the registry does not say, so one is built and
-// converted as build_model() would, which takes a moment for a ResNet. Small RGB images are a shape every
-// registered model takes (the ResNets take RGB only, the CNNs any channels from 10x10 pixels).
+// Whether `model_name` has BatchNorm layers: the registry does not say, so one is built, which takes a moment
+// for a ResNet. Small RGB images are a shape every registered model takes (the ResNets take RGB only, the CNNs
+// any channels from 10x10 pixels).
 bool has_batch_norm(const std::string& model_name) {
   const nn::Model model =
       nn::make_model(model_name, nn::ModelOptions{/*num_classes=*/10, /*in_channels=*/3, /*image_size=*/32});
-  return nn::count_sync_batchnorm(*nn::convert_sync_batchnorm(model.module.ptr())) > 0;
+  return nn::has_batch_norm(*model.module.ptr());
 }
 
-std::string models_with_batch_norm() {
+// The registered models with BatchNorm layers (`with` true) or without them, as a list for a message.
+std::string models_by_batch_norm(bool with) {
   std::string names;
   for (const auto& [name, description] : nn::registered_models()) {
-    if (has_batch_norm(name)) names += (names.empty() ? "" : ", ") + name;
+    if (has_batch_norm(name) == with) names += (names.empty() ? "" : ", ") + name;
   }
   return names;
+}
+
+// A BatchNorm layer in training mode normalises by its batch's own statistics, which one sample cannot give: at
+// 1x1 pixels LibTorch refuses it ("Expected more than 1 value per channel"), mid-run and on some ranks only (the
+// last batch of a rank under --uneven), and at larger sizes it trains on each image's statistics alone. So a
+// batch of one sample at a BatchNorm is refused before any rank trains, wherever the settings make one: one sample
+// per rank, a DataParallel replica's share of the batch, or a rank's whole share of the data under --uneven. The
+// training set's last partial batch is dropped (drop_last), and under --uneven a last batch of one sample joins the
+// batch before it, so no other batch of one is made. With --sync-bn on two or more ranks the statistics cover
+// every rank's batch, and one sample per rank trains.
+void require_batch_norm_batches(const TrainingProgramOptions& o, const nn::Model& model, int world_size,
+                                int64_t train_samples) {
+  if (!nn::has_batch_norm(*model.module.ptr()) || (o.sync_bn && world_size > 1)) return;
+  const std::string remedy = fmt::format("or train a model without BatchNorm ({})", models_by_batch_norm(false));
+  const std::string layers =
+      fmt::format("the BatchNorm layers of --model {}, which need more than one in training mode", o.model);
+  if (o.loop.batch_size == 1) {
+    throw InvalidArgument(fmt::format("--batch-size 1 gives one sample per rank to {}; use --batch-size 2 or more{}, {}",
+                                      layers, o.sync_bn ? " (--sync-bn shares statistics only among 2 or more ranks)" : "",
+                                      remedy));
+  }
+  if (o.loop.strategy == Strategy::kDataParallel) {
+    const auto replicas = static_cast<int64_t>(o.loop.dp_devices.size());
+    if (o.loop.batch_size < 2 * replicas) {
+      throw InvalidArgument(fmt::format("--batch-size {} split over --strategy dp's {} replicas gives a replica one "
+                                        "sample for {}; use --batch-size {} or more, fewer --dp-replicas, {}",
+                                        o.loop.batch_size, replicas, layers, 2 * replicas, remedy));
+    }
+  }
+  if (o.loop.uneven_inputs && train_samples / world_size == 1) {
+    throw InvalidArgument(fmt::format("--uneven shares {} training samples over {} ranks, which leaves a rank one "
+                                      "sample for {}; use fewer ranks, drop --uneven, {}",
+                                      train_samples, world_size, layers, remedy));
+  }
 }
 
 // --strategy fsdp's refusals: the program's own, then the loop's (which the loop would only make after the
@@ -173,7 +208,7 @@ void validate(const TrainingProgramOptions& o) {
   if (o.sync_bn && !has_batch_norm(o.model)) {
     throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
                                       "or train a model that has them ({})",
-                                      o.model, models_with_batch_norm()));
+                                      o.model, models_by_batch_norm(true)));
   }
   if (o.zero && dp) {
     throw InvalidArgument("--zero needs --strategy ddp: it shards the optimizer state among processes, and "
@@ -210,6 +245,7 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
     data = data::open_data_folder(options.data);
   });
   nn::Model model = build_model(options, data, communicator);
+  require_batch_norm_batches(options, model, world, data.train->size());
 
   train::Loop loop(options.loop, communicator);
   train::LoopCallbacks& callbacks = loop.callbacks();
@@ -222,8 +258,14 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
   if (data.image_train) {
     callbacks.on_epoch_start = [&](int epoch) { data.image_train->set_epoch(epoch); };
     callbacks.on_epoch_end = [&](const train::EpochMetrics&) {
-      if (data.image_train->skipped_images() == 0) return;
-      log::warn("skipped {} unreadable training images so far (--skip-bad-images)", data.image_train->skipped_images());
+      const data::ImageFolderDataset& images = *data.image_train;
+      if (images.skipped_images() == 0) return;
+      const std::string emptied =
+          images.emptied_batches() == 0
+              ? ""
+              : fmt::format("; {} of this rank's batches lost every image, and it trained on no sample in their steps",
+                            images.emptied_batches());
+      log::warn("skipped {} unreadable training images so far (--skip-bad-images){}", images.skipped_images(), emptied);
     };
   }
   // The seeds' SGD, sharded among the ranks with --zero.

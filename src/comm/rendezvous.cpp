@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "launcher_file_store.h"
 #include "tandem/comm/store_probe.h"
 #include "tandem/util/call_within.h"
 #include "tandem/util/error.h"
@@ -149,7 +150,7 @@ std::string describe_ranks(const std::vector<int>& ranks) {
 
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout) {
   if (init_method == "env://") {
-    if (!layout.store_file.empty()) return make_file_store(layout.store_file, layout, timeout);
+    if (!layout.store_file.empty()) return open_launcher_file_store(layout.store_file, layout.world_size, timeout);
     StorePtr store =
         make_tcp_store(layout.master_addr, layout.master_port, layout.launcher_serves_store, layout, timeout);
     // The launcher's store outlives its attempts; PyTorch's env:// names each attempt's keys the same way.
@@ -198,6 +199,8 @@ int64_t claim_rank(const StorePtr& store, int rank, std::chrono::milliseconds ti
   std::optional<int64_t> claims;
   try {
     claims = call_within(timeout, [store, key = join_key(rank) + "/claims"] { return store->add(key, 1); });
+  } catch (const CommError&) {
+    throw;  // the store's own account (a full TMPDIR: launcher_file_store.h)
   } catch (const std::exception& error) {
     throw CommError(fmt::format("rank {}'s first request to the rendezvous store failed ({}); {}", rank, error.what(),
                                 kNameTheStore));

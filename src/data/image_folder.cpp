@@ -94,6 +94,7 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices) const {
                                       "first bad one is named)",
                                       skipped_.load(), folder.string()));
   }
+  if (kept_rows.empty() && count > 0) ++emptied_;
   batch.data = static_cast<int64_t>(kept_rows.size()) == count
                    ? data
                    : data.index_select(0, torch::tensor(kept_rows, torch::kLong));

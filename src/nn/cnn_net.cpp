@@ -59,9 +59,11 @@ void CnnNetImpl::reset() {
 // weight viewed as [out, channels, side, side], and fc2 and output are 1x1 convolutions. The sums are the
 // same as Linear's; oneDNN computes them several times faster than the reference BLAS that Debian's LibTorch
 // uses for matrix products (docs/benchmarks.md). On a GPU the layers are called as written: cuDNN and cuBLAS
-// choose their own layouts.
+// choose their own layouts. A batch of no rows (a rank whose images were all unreadable, which still joins the
+// step) is called as written too: LibTorch 1.13's convolution of an empty batch views its output in the weight's
+// layout, which channels-last refuses ("view size is not compatible with input tensor's size and stride").
 torch::Tensor CnnNetImpl::forward(torch::Tensor x) {
-  const bool on_cpu = x.is_cpu();
+  const bool on_cpu = x.is_cpu() && x.size(0) > 0;
   // Norm layers are looked up by name at each call, so that convert_sync_batchnorm's swap counts.
   const auto normalised = [&](const char* name, const torch::Tensor& y) {
     return options_.batch_norm ? forward_batch_norm(*named_children()[name], y) : y;

@@ -269,6 +269,17 @@ int count_sync_batchnorm(const torch::nn::Module& module) {
   return count;
 }
 
+bool has_batch_norm(const torch::nn::Module& module) {
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    if (std::dynamic_pointer_cast<SyncBatchNormImpl>(child) || std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(child) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(child) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm3dImpl>(child)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Tensor forward_batch_norm(torch::nn::Module& layer, const Tensor& input) {
   if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(&layer)) return sync->forward(input);
   if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&layer)) return bn->forward(input);

@@ -199,6 +199,23 @@ TEST_F(BadProgramInput, MasterAddrThatNamesNoHostIsRefusedBeforeAnyWorker) {
 // serves a TCP store from its own socket and needs no folder).
 bool run_keeps_its_store_in_tmpdir() { return !TANDEM_TORCH_VERSION_AT_LEAST(2, 8); }
 
+// Whether a test may mount a small tmpfs at `folder` (made here) in a mount namespace of its own: as root only.
+bool can_mount_a_tmpfs_at(const std::string& folder) {
+  std::filesystem::create_directories(folder);
+  return testing::run_process({"unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs " + folder}, {},
+                              std::chrono::seconds(30))
+             .exit_code == 0;
+}
+
+// `command` run by sh in a mount namespace of its own, with TMPDIR on a tmpfs of `size` mounted at `folder`,
+// after `prepare` (whose failure, a full tmpfs, is expected).
+testing::ProcessResult run_with_tmpdir_on_a_tmpfs(const std::string& folder, const std::string& size,
+                                                  const std::string& prepare, const std::string& command) {
+  const std::string script = "mount -t tmpfs -o size=" + size + " tmpfs " + folder + " && (" + prepare +
+                             "; true) && TMPDIR=" + folder + " exec " + command;
+  return testing::run_process({"unshare", "-m", "sh", "-c", script}, {}, std::chrono::seconds(120));
+}
+
 // The folder's own error was "filesystem error: temp_directory_path: No such file or directory", naming neither
 // TMPDIR nor the folder.
 TEST_F(BadProgramInput, RunWithAMissingTmpdirNamesIt) {
@@ -217,24 +234,41 @@ TEST_F(BadProgramInput, RunWithAMissingTmpdirNamesIt) {
 TEST_F(BadProgramInput, RunWithAFullTmpdirIsOneLineBeforeAnyWorker) {
   if (!run_keeps_its_store_in_tmpdir()) GTEST_SKIP() << "this LibTorch's tandem run keeps no store in TMPDIR";
   const std::string full = fixture("full_tmpdir");
-  std::filesystem::create_directories(full);
-  if (testing::run_process({"unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs " + full}, {},
-                           std::chrono::seconds(30))
-          .exit_code != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs root)";
-  }
+  if (!can_mount_a_tmpfs_at(full)) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs root)";
   const std::string tandem = testing::tandem_cli();
-  const std::string script = "mount -t tmpfs -o size=64k tmpfs " + full + " && (dd if=/dev/zero of=" + full +
-                             "/fill bs=1k count=128 2>/dev/null; true) && TMPDIR=" + full + " exec " + tandem +
-                             " run --nproc-per-node 2 -- " + tandem + " train --data " + fixture("absent") +
-                             " --timeout 10 --run-dir " + fixture("full_tmpdir_run");
-  const testing::ProcessResult result =
-      testing::run_process({"unshare", "-m", "sh", "-c", script}, {}, std::chrono::seconds(120));
+  const testing::ProcessResult result = run_with_tmpdir_on_a_tmpfs(
+      full, "64k", "dd if=/dev/zero of=" + full + "/fill bs=1k count=128 2>/dev/null",
+      tandem + " run --nproc-per-node 2 -- " + tandem + " train --data " + fixture("absent") + " --timeout 10 --run-dir " +
+          fixture("full_tmpdir_run"));
   ASSERT_FALSE(result.timed_out) << result.output;
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
   EXPECT_EQ(result.output, "tandem: error: " + full + " has no room for tandem run's rendezvous store (1 MiB; No "
                            "space left on device): free space there, or point TMPDIR at another folder\n");
+}
+
+// A TMPDIR that fills after the launcher's check, while its workers run (here each fills what is left before it
+// trains): the workers' FileStore threw std::system_error from the write that found no room, and again from its
+// destructor at the rank's exit, so std::terminate's report ended every rank.
+TEST_F(BadProgramInput, RunWhoseTmpdirFillsWhileItsWorkersRunIsOneLine) {
+  if (!run_keeps_its_store_in_tmpdir()) GTEST_SKIP() << "this LibTorch's tandem run keeps no store in TMPDIR";
+  const std::string filling = fixture("filling_tmpdir");
+  if (!can_mount_a_tmpfs_at(filling)) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs root)";
+  const std::string tandem = testing::tandem_cli();
+  // 2 MiB: room for the launcher's check of 1 MiB, then the workers fill the rest.
+  const std::string worker = "dd if=/dev/zero of=" + filling + "/fill-$RANK bs=64k 2>/dev/null; exec " + tandem +
+                             " train --data " + fixture("absent") + " --timeout 10 --run-dir " +
+                             fixture("filling_tmpdir_run");
+  const testing::ProcessResult result =
+      run_with_tmpdir_on_a_tmpfs(filling, "2m", "true", tandem + " run --nproc-per-node 2 -- sh -c '" + worker + "'");
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("error: " + filling + " (TMPDIR) is full: tandem run's workers keep their rendezvous "
+                               "store there, and it could not grow (No space left on device); free space in " +
+                               filling + ", or point TMPDIR at a folder with room"),
+            std::string::npos)
+      << result.output;
 }
 
 // A port where something accepts connections and never answers: c10d's store client waited for its answer

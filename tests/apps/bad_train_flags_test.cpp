@@ -34,6 +34,13 @@ std::vector<std::string> train_on(const char* data, const std::vector<std::strin
   return argv;
 }
 
+// As train_on, with `batch_size` samples per batch.
+std::vector<std::string> train_with_batch(const char* data, const char* batch_size, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = train_on(data, args);
+  argv[6] = batch_size;
+  return argv;
+}
+
 std::vector<std::string> train(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"train"};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -161,6 +168,21 @@ std::vector<BadInput> bad_inputs() {
        /*only_line=*/true, {{"LOCAL_RANK", "1"}}},
       {"MasterPortWithoutRank", train_on(kTinyMnist, {}), {"MASTER_PORT=29500 is set without RANK"}, 2,
        /*only_line=*/true, {{"MASTER_PORT", "29500"}}},
+      // A BatchNorm layer in training mode met one sample: LibTorch's "Expected more than 1 value per channel"
+      // came mid-run where a layer saw 1x1 pixels, and a CNN trained on each image's own statistics elsewhere.
+      {"BatchOfOneThroughBatchNorm", train_with_batch(kTinyImageFolder, "1", {"--model", "cnn-bn"}),
+       {"error: --batch-size 1 gives one sample per rank to the BatchNorm layers of --model cnn-bn, which "
+        "need more than one in training mode",
+        "use --batch-size 2 or more", "or train a model without BatchNorm (cnn)"}},
+      {"BatchOfOneThroughSyncBatchNormOnOneRank",
+       train_with_batch(kTinyImageFolder, "1", {"--model", "cnn-bn", "--sync-bn"}),
+       {"--batch-size 1 gives one sample per rank to the BatchNorm layers of --model cnn-bn",
+        "(--sync-bn shares statistics only among 2 or more ranks)"}},
+      {"DataParallelReplicaOfOneThroughBatchNorm",
+       train_with_batch(kTinyImageFolder, "3", {"--model", "cnn-bn", "--strategy", "dp", "--dp-replicas", "2"}),
+       {"--batch-size 3 split over --strategy dp's 2 replicas gives a replica one sample for the BatchNorm layers of "
+        "--model cnn-bn",
+        "use --batch-size 4 or more, fewer --dp-replicas"}},
       // A choice this build cannot honour is a wrong option too (exit 2), and names the flag.
       {"BackendNotBuiltIn", train_on(kTinyMnist, {"--backend", "foo"}),
        {"error: --backend 'foo' is not available in this build of tandem (available:"}},

@@ -264,20 +264,57 @@ TEST(TrainRunOutput, SkippingEveryImageIsOneLine) {
   EXPECT_EQ(result.output.find("[epoch 0] loss"), std::string::npos) << "the epoch was reported:\n" << result.output;
 }
 
+// A batch that lost every image after good ones: the CNN got a batch of no rows and LibTorch 1.13 ended the run
+// with "view size is not compatible with input tensor's size and stride". The rank runs it with a zero loss (so as
+// to join the step's collectives), the run goes on, and the epoch's warning counts the batch with the images.
+TEST(TrainRunOutput, ABatchThatLosesEveryImageAfterGoodOnesIsCountedAndTheRunGoesOn) {
+  const std::string data = testing::write_tiny_image_folder("emptied_batch", 4);
+  // In order (--no-shuffle, batches of 4): the circles, the squares, the triangles.
+  for (int i = 0; i < 4; ++i) write_bytes(data + "/square/img" + std::to_string(i) + ".png", "not a PNG");
+  const std::string run_dir = make_temp_dir("emptied_batch_run") + "/run";
+  const testing::ProcessResult result =
+      run_tandem(with_value(train_args(data, run_dir, {"--image-size", "16", "--val-split", "0", "--no-shuffle",
+                                                       "--skip-bad-images"}),
+                            "--batch-size", "4"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("[epoch 0] loss "), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("skipped 4 unreadable training images so far (--skip-bad-images); 1 of this rank's "
+                               "batches lost every image"),
+            std::string::npos)
+      << result.output;
+}
+
 // A ResNet's last BatchNorm sees 1x1 pixels at --image-size 32, so a batch of 1 is one value per channel: LibTorch's
-// own "Expected more than 1 value per channel when training" reached the user.
-TEST(TrainRunOutput, ABatchOfOneAtBatchNormSaysWhatToChange) {
+// own "Expected more than 1 value per channel when training" reached the user, after the run had started.
+TEST(TrainRunOutput, ABatchOfOneAtBatchNormIsRefusedBeforeTheRun) {
   const std::string data = testing::write_tiny_image_folder("batch_of_one", 2);
   const std::string run_dir = make_temp_dir("batch_of_one_run") + "/run";
   testing::BadInput input{"BatchOfOne",
                           with_value(train_args(data, run_dir, {"--model", "resnet18", "--image-size", "32",
                                                                 "--val-split", "0"}),
                                      "--batch-size", "1"),
-                          {"a batch of 1 sample per rank reached a BatchNorm layer in training mode",
-                           "use a batch size of 2 or more per rank"},
-                          1,
-                          /*only_line=*/false};
-  const testing::ProcessResult result = testing::expect_one_line_refusal(input);
+                          {"--batch-size 1 gives one sample per rank to the BatchNorm layers of --model resnet18",
+                           "use --batch-size 2 or more"},
+                          2};
+  testing::expect_one_line_refusal(input);
+  EXPECT_FALSE(fs::exists(run_dir)) << "the run started";
+}
+
+// Under --uneven 3 samples over 2 ranks leave rank 1 a single sample, a batch no merge can grow: its BatchNorm
+// failed alone in LibTorch's words while rank 0 waited for it.
+TEST(TrainRunOutput, UnevenInputsThatLeaveARankOneSampleAtBatchNormAreRefused) {
+  const std::string data = testing::write_tiny_mnist("uneven_one_sample", 3, 2);
+  const std::string run_dir = make_temp_dir("uneven_one_sample_run") + "/run";
+  std::vector<std::string> train = train_args(data, run_dir, {"--model", "cnn-bn", "--uneven", "--timeout", "30"});
+  std::vector<std::string> args = {"run", "--nproc-per-node", "2", "--", testing::tandem_cli()};
+  args.insert(args.end(), train.begin(), train.end());
+  const testing::ProcessResult result = testing::expect_one_line_refusal(
+      {"UnevenOneSample", args,
+       {"--uneven shares 3 training samples over 2 ranks, which leaves a rank one sample for the BatchNorm layers "
+        "of --model cnn-bn",
+        "use fewer ranks, drop --uneven"},
+       2,
+       /*only_line=*/false});
   EXPECT_EQ(result.output.find("Expected more than 1 value"), std::string::npos) << result.output;
 }
 

@@ -19,9 +19,11 @@ struct ImageFolderOptions {
   // Threads decoding a batch's images in parallel (the calling thread helps too).
   int num_threads = 4;
   // false: an unreadable image fails get_batch with an error naming the file. true: such images are dropped
-  // from their batch (the batch gets smaller) and counted in skipped_images(); but a batch that loses every image
-  // before any image of the set was read fails get_batch too, as a folder of unreadable images leaves nothing to
-  // train on.
+  // from their batch (the batch gets smaller) and counted in skipped_images(); a batch that loses every image
+  // after some image of the set was read comes back with no rows and is counted in emptied_batches() (the loop
+  // still runs it through the model, so that its rank joins the step's collectives with a zero gradient); but a
+  // batch that loses every image before any image of the set was read fails get_batch too, as a folder of
+  // unreadable images leaves nothing to train on.
   bool skip_bad_images = false;
   // Seeds the training augmentation; with set_epoch() it makes every sample's crop and flip reproducible,
   // whatever thread decodes it.
@@ -51,6 +53,8 @@ class ImageFolderDataset : public Dataset {
   void set_epoch(int64_t epoch) { epoch_.store(epoch); }
   // Images dropped so far under skip_bad_images.
   int64_t skipped_images() const { return skipped_.load(); }
+  // Batches that skip_bad_images left with no rows, so far.
+  int64_t emptied_batches() const { return emptied_.load(); }
 
   const std::vector<ImageSample>& samples() const { return samples_; }
   const ImageFolderOptions& options() const { return options_; }
@@ -68,6 +72,7 @@ class ImageFolderDataset : public Dataset {
   std::shared_ptr<ImageBatchBuffers> batch_buffers_;
   std::atomic<int64_t> epoch_{0};
   mutable std::atomic<int64_t> skipped_{0};
+  mutable std::atomic<int64_t> emptied_{0};
   // Images get_batch read: while none has been, a batch that skip_bad_images empties ends the run.
   mutable std::atomic<int64_t> loaded_{0};
 };

@@ -73,6 +73,10 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch:
 // Number of SyncBatchNorm layers in the tree (a cheap check that a conversion happened).
 int count_sync_batchnorm(const torch::nn::Module& module);
 
+// Whether the tree under `module` holds a BatchNorm1d/2d/3d or a SyncBatchNorm: layers that train on their batch's
+// own statistics, which need more than one value per channel.
+bool has_batch_norm(const torch::nn::Module& module);
+
 // Runs `layer`, which must be a torch::nn::BatchNorm1d/2d/3d or a SyncBatchNorm; throws InvalidArgument
 // otherwise. Models call their norm layers through this so that convert_sync_batchnorm can swap them.
 torch::Tensor forward_batch_norm(torch::nn::Module& layer, const torch::Tensor& input);
