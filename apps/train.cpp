@@ -22,6 +22,7 @@
 #include "tandem/monitor/timeline.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
+#include "tandem/util/needs.h"
 #include "apps/program/training_program.h"
 
 namespace tandem::app {
@@ -84,8 +85,7 @@ void check_given_flags(TrainFlags& flags) {
   const train::LoopOptions& loop = flags.options.loop;
   for (const CLI::Option* option : flags.powersgd) {
     if (option->count() > 0 && loop.comm_hook != "powersgd") {
-      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
-                                        option->get_name(), option->get_name()));
+      throw InvalidArgument(only_read_with(option->get_name(), "--comm-hook powersgd"));
     }
   }
   if (flags.timeline_steps_flag->count() > 0 && loop.timeline_path.empty()) {
@@ -101,7 +101,8 @@ void check_given_flags(TrainFlags& flags) {
   }
   const bool fsdp = flags.strategy == "fsdp";
   if (!fsdp && flags.reshard_after_forward->count() > 0) {
-    throw InvalidArgument("--reshard-after-forward needs --strategy fsdp: only fsdp's ranks free gathered parameters");
+    throw InvalidArgument(
+        needs("--reshard-after-forward", "--strategy fsdp", "only fsdp's ranks free gathered parameters"));
   }
   if (!fsdp) return;
   if (flags.check_replicas_every->count() > 0) {
