@@ -10,6 +10,7 @@
 #include "apps/flag_checks.h"
 #include "bench/data_bench.h"
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::app {
 namespace {
@@ -67,8 +68,7 @@ const BenchCommandRegistration kBenchData{
           ->check(at_least<uint64_t>(0));
       return [flags]() -> int {
         if (flags->torchvision_script->count() > 0 && flags->compare.empty()) {
-          throw InvalidArgument(
-              "--torchvision-script is only read with --compare torchvision; add that or drop --torchvision-script");
+          throw InvalidArgument(only_read_with("--torchvision-script", "--compare torchvision"));
         }
         flags->bench.compare_torchvision = flags->compare == "torchvision";
         bench::run_data_bench(flags->bench);

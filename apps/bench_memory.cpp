@@ -17,6 +17,7 @@
 #include "apps/model_flag.h"
 #include "bench/memory_driver.h"
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::app {
 namespace {
@@ -49,13 +50,13 @@ int run_bench_memory(BenchMemoryFlags& flags) {
     return 0;
   }
   if (flags.reshard->count() > 0 && d.bench.strategy != "fsdp") {
-    throw InvalidArgument(
-        "--reshard-after-forward is only read with --strategy fsdp; add that or drop --reshard-after-forward");
+    throw InvalidArgument(only_read_with("--reshard-after-forward", "--strategy fsdp"));
   }
   for (const CLI::Option* option : flags.mlp_only) {
     if (option->count() > 0 && d.bench.model != "mlp") {
-      throw InvalidArgument(fmt::format("{} is only read with --model mlp; drop {} to measure --model {}",
-                                        option->get_name(), option->get_name(), d.bench.model));
+      const std::string& name = option->get_name();
+      throw InvalidArgument(
+          only_read_with(name, "--model mlp", fmt::format("drop {} to measure --model {}", name, d.bench.model)));
     }
   }
   if (flags.image_size->count() > 0 && d.bench.model == "mlp") {

@@ -13,6 +13,7 @@
 #include "apps/flag_checks.h"
 #include "bench/overhead_driver.h"
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::app {
 namespace {
@@ -44,7 +45,8 @@ int run_bench_overhead(BenchOverheadFlags& flags) {
   }
   d.compare_pytorch = flags.compare == "pytorch";
   if (flags.pytorch_script->count() > 0 && !d.compare_pytorch) {
-    throw InvalidArgument("--pytorch-script is only read with --compare pytorch; drop --compare none or --pytorch-script");
+    throw InvalidArgument(
+        only_read_with("--pytorch-script", "--compare pytorch", "drop --compare none or --pytorch-script"));
   }
   d.world_sizes = bench::parse_world_sizes(flags.world_sizes);
   if (!flags.backends.empty()) d.backends = bench::parse_overhead_backends(flags.backends);

@@ -23,6 +23,7 @@
 #include "tandem/comm/backend.h"
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::app {
 namespace {
@@ -95,16 +96,14 @@ std::string worker_arguments(const bench::TrainDriverOptions& d, const std::stri
 
 void refuse_flags_without_effect(const BenchTrainFlags& flags) {
   if (flags.pytorch_script->count() > 0 && flags.compare.empty()) {
-    throw InvalidArgument("--pytorch-script is only read with --compare pytorch; add that or drop --pytorch-script");
+    throw InvalidArgument(only_read_with("--pytorch-script", "--compare pytorch"));
   }
   if (flags.reshard->count() > 0 && flags.strategy != "fsdp") {
-    throw InvalidArgument(
-        "--reshard-after-forward is only read with --strategy fsdp; add that or drop --reshard-after-forward");
+    throw InvalidArgument(only_read_with("--reshard-after-forward", "--strategy fsdp"));
   }
   for (const CLI::Option* option : flags.powersgd) {
     if (option->count() > 0 && flags.driver.bench.comm_hook != "powersgd") {
-      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
-                                        option->get_name(), option->get_name()));
+      throw InvalidArgument(only_read_with(option->get_name(), "--comm-hook powersgd"));
     }
   }
 }
@@ -112,7 +111,7 @@ void refuse_flags_without_effect(const BenchTrainFlags& flags) {
 int run_bench_train(BenchTrainFlags& flags, const CLI::App& command) {
   if (flags.end_to_end) return run_end_to_end(flags, command);
   if (flags.short_steps->count() > 0) {
-    throw InvalidArgument("--short-steps is only read with --end-to-end; add that or drop --short-steps");
+    throw InvalidArgument(only_read_with("--short-steps", "--end-to-end"));
   }
   bench::TrainDriverOptions& d = flags.driver;
   d.bench.ddp.bucket_plan = flags.bucket_plan == "caps" ? ddp::BucketPlan::kCaps : ddp::BucketPlan::kAdaptToHost;

@@ -20,7 +20,7 @@ namespace {
 struct ExportFlags {
   std::string source = "/usr/share/datasets/fashion-mnist";
   std::string out;
-  int64_t per_class = 0;  // absent (all) unless the flag is given
+  data::ExportImageFolderOptions options;  // --per-class; the class names and the prefix are set as it runs
   std::vector<std::string> sets = {"train", "t10k"};
   bool numeric_names = false;
 };
@@ -88,21 +88,19 @@ CommandRegistration registration{
       command.add_option("out", flags->out, "Folder to write (created if missing)")->required();
       command.add_option("--source", flags->source, "Folder with SET-images-idx3-ubyte[.gz] and SET-labels-idx1-ubyte[.gz]")
           ->capture_default_str();
-      CLI::Option* per_class =
-          command.add_option("--per-class", flags->per_class, "Images per class at most (default: all)")
-              ->check(at_least<int64_t>(1));
+      command.add_option("--per-class", flags->options.per_class, "Images per class at most (default: all)")
+          ->check(at_least<int64_t>(1));
       command.add_option("--sets", flags->sets, "IDX file sets to export, in order")->capture_default_str();
       command.add_flag("--numeric-names", flags->numeric_names,
                        "Name class folders 0..9 instead of Fashion-MNIST's class names (e.g. for MNIST)");
-      return [flags, per_class] {
+      return [flags] {
         if (std::filesystem::exists(flags->out) && !std::filesystem::is_directory(flags->out)) {
           throw InvalidArgument(fmt::format("{} is a file, not a folder: give export-images a folder to write (it "
                                             "is created if missing)",
                                             flags->out));
         }
-        data::ExportImageFolderOptions options;
+        data::ExportImageFolderOptions& options = flags->options;
         if (!flags->numeric_names) options.class_names = data::fashion_mnist_folder_names();
-        if (per_class->count() > 0) options.per_class = flags->per_class;
         std::vector<int64_t> written;
         const std::vector<IdxSetFiles> files = find_sets(*flags);
         for (size_t i = 0; i < files.size(); ++i) {

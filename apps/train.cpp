@@ -22,6 +22,7 @@
 #include "tandem/monitor/timeline.h"
 #include "tandem/util/error.h"
 #include "tandem/util/log.h"
+#include "tandem/util/needs.h"
 #include "apps/program/training_program.h"
 
 namespace tandem::app {
@@ -55,12 +56,15 @@ struct TrainFlags {
   TrainingProgramOptions options;
   std::string normalize;
   int threads = 0;
-  std::string device = "auto";
+  // --device, --backend and --timeout; the program computes where it can ("auto"), the library on the CPU.
+  InitOptions init = [] {
+    InitOptions defaults;
+    defaults.device = "auto";
+    return defaults;
+  }();
   std::string precision = "32";
   std::string strategy = "ddp";
   std::string checkpoint_format = "full";
-  std::string backend;
-  double timeout_seconds = 300;
   bool no_shuffle = false;
   std::string timeline_steps = "6-25";
   bool no_tensorboard = false;
@@ -84,8 +88,7 @@ void check_given_flags(TrainFlags& flags) {
   const train::LoopOptions& loop = flags.options.loop;
   for (const CLI::Option* option : flags.powersgd) {
     if (option->count() > 0 && loop.comm_hook != "powersgd") {
-      throw InvalidArgument(fmt::format("{} is only read with --comm-hook powersgd; add that or drop {}",
-                                        option->get_name(), option->get_name()));
+      throw InvalidArgument(only_read_with(option->get_name(), "--comm-hook powersgd"));
     }
   }
   if (flags.timeline_steps_flag->count() > 0 && loop.timeline_path.empty()) {
@@ -101,7 +104,8 @@ void check_given_flags(TrainFlags& flags) {
   }
   const bool fsdp = flags.strategy == "fsdp";
   if (!fsdp && flags.reshard_after_forward->count() > 0) {
-    throw InvalidArgument("--reshard-after-forward needs --strategy fsdp: only fsdp's ranks free gathered parameters");
+    throw InvalidArgument(
+        needs("--reshard-after-forward", "--strategy fsdp", "only fsdp's ranks free gathered parameters"));
   }
   if (!fsdp) return;
   if (flags.check_replicas_every->count() > 0) {
@@ -158,11 +162,7 @@ int run_train(TrainFlags& flags) {
   validate(flags.options);
   const int environment_threads = flags.threads > 0 ? 0 : threads_from_environment();
 
-  InitOptions init;
-  init.device = flags.device;
-  init.backend = flags.backend;
-  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_seconds * 1000));
-  ProcessGroup& group = init_process_group(init);
+  ProcessGroup& group = init_process_group(flags.init);
   const int threads =
       flags.threads > 0 ? flags.threads : default_threads(environment_threads, group.layout().local_world_size);
   if (flags.threads > 0 || environment_threads > 0) {
@@ -223,7 +223,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
   command.add_option("--checkpoint-format", flags->checkpoint_format, "full (one file, the whole state gathered and written by rank 0) or sharded (--strategy fsdp: each rank writes its own shards' file, rank 0 an index; no rank gathers the model); either continues on any world size, and a ddp run continues a sharded one too")->capture_default_str()->check(CLI::IsMember({"full", "sharded"}));
   flags->check_replicas_every = command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never; not with --strategy fsdp)")->capture_default_str()->check(at_least<int64_t>(0));
-  command.add_option("--device", flags->device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  command.add_option("--device", flags->init.device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32 (--strategy fsdp: the shards stay float32 and the gathered copies it computes on are bfloat16 or float16)")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state unless --checkpoint-format sharded; with --precision bf16-mixed or 16-mixed it computes on bfloat16 or float16 parameters gathered from float32 shards and reduces gradients in float32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));
   flags->reshard_after_forward = command.add_option("--reshard-after-forward", o.fsdp.reshard_after_forward, "--strategy fsdp: true frees each unit's gathered parameters after its forward and gathers them again in backward (ZeRO-3); false keeps them until backward (more memory, one all-gather fewer)")->default_str("true")->check(true_or_false());
@@ -232,8 +232,10 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--no-report", flags->no_report, "do not write RUN_DIR/report.html at the end (tandem report RUN_DIR draws it any time)");
   command.add_option("--timeline", o.timeline_path, "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps to this file: per rank forward, backward, each bucket's all-reduce, the wait for them and the optimizer step; the means go to RUN_DIR/timeline_summary.json");
   flags->timeline_steps_flag = command.add_option("--timeline-steps", flags->timeline_steps, "FIRST-LAST: the optimizer steps (1-based) the timeline records")->capture_default_str()->check(parsed_by(monitor::parse_step_window, "FIRST-LAST with 1 <= FIRST <= LAST (e.g. 6-25)"));
-  command.add_option("--backend", flags->backend, backend_flag_help("--device resolves"));
-  command.add_option("--timeout", flags->timeout_seconds, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->capture_default_str()->check(between(kShortestTimeoutSeconds, double{kLongestTimeoutSeconds}));
+  command.add_option("--backend", flags->init.backend, backend_flag_help("--device resolves"));
+  // Seconds on the command line, milliseconds in the options.
+  const auto set_timeout = [flags](double seconds) { flags->init.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
+  command.add_option_function<double>("--timeout", set_timeout, "seconds before a rendezvous or collective gives up (at least 1, for the ranks to connect; at most a year)")->default_str(std::to_string(std::chrono::seconds(kDefaultTimeout).count()))->check(between(kShortestTimeoutSeconds, double{kLongestTimeoutSeconds}));
   return [flags] { return run_train(*flags); };
 });
 

@@ -15,6 +15,7 @@
 #include "tandem/train/run_directory.h"
 #include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
+#include "tandem/util/needs.h"
 #include "tandem/util/output_path.h"
 
 namespace tandem::app {
@@ -199,11 +200,13 @@ void validate(const TrainingProgramOptions& o) {
   if (o.loop.checkpoint_format == train::CheckpointFormat::kSharded) train::validate(o.loop, 1);
   const bool dp = o.loop.strategy == Strategy::kDataParallel;
   if (o.dp_replicas > 0 && !dp) {
-    throw InvalidArgument("--dp-replicas needs --strategy dp (ddp runs one replica per process: tandem run --nproc-per-node)");
+    throw InvalidArgument(needs("--dp-replicas", "--strategy dp") +
+                          " (ddp runs one replica per process: tandem run --nproc-per-node)");
   }
   if (o.sync_bn && dp) {
-    throw InvalidArgument("--sync-bn needs --strategy ddp: DataParallel's replicas are threads of one process, "
-                          "with no process group to share statistics over");
+    throw InvalidArgument(needs("--sync-bn", "--strategy ddp",
+                                "DataParallel's replicas are threads of one process, with no process group to share "
+                                "statistics over"));
   }
   if (o.sync_bn && !has_batch_norm(o.model)) {
     throw InvalidArgument(fmt::format("--sync-bn: model '{}' has no BatchNorm layers to synchronise; drop --sync-bn, "
@@ -211,8 +214,9 @@ void validate(const TrainingProgramOptions& o) {
                                       o.model, models_by_batch_norm(true)));
   }
   if (o.zero && dp) {
-    throw InvalidArgument("--zero needs --strategy ddp: it shards the optimizer state among processes, and "
-                          "DataParallel's replicas are threads of one");
+    throw InvalidArgument(needs("--zero", "--strategy ddp",
+                                "it shards the optimizer state among processes, and DataParallel's replicas are "
+                                "threads of one"));
   }
 }
 

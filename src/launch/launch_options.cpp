@@ -14,6 +14,7 @@
 
 #include "tandem/comm/rank_layout.h"
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::launch {
 
@@ -147,11 +148,11 @@ std::optional<ElasticSettings> plan_elastic(const LaunchOptions& options) {
                                       options.master_addr ? "master_addr" : "master_port"));
   }
   if (options.rdzv_endpoint.empty()) {
-    throw InvalidArgument("`rdzv_backend` c10d needs `rdzv_endpoint` HOST:PORT: the host whose agent serves the "
-                          "job's store, the same on every node");
+    throw InvalidArgument(needs("`rdzv_backend` c10d", "`rdzv_endpoint` HOST:PORT",
+                                "the host whose agent serves the job's store, the same on every node"));
   }
   if (options.run_id.empty()) {
-    throw InvalidArgument("`rdzv_backend` c10d needs `run_id`: the job's id, the same on every node");
+    throw InvalidArgument(needs("`rdzv_backend` c10d", "`run_id`", "the job's id, the same on every node"));
   }
   ElasticSettings settings;
   settings.min_nodes = options.nnodes;
@@ -207,8 +208,8 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
     plan.master_addr = plan.elastic->host;
     plan.master_port = plan.elastic->port;
   } else if (plan.nnodes > 1 && !options.master_addr) {
-    throw InvalidArgument(fmt::format(
-        "`nnodes` {} needs `master_addr`: the host of node 0, the same on every node", plan.nnodes));
+    throw InvalidArgument(needs(fmt::format("`nnodes` {}", plan.nnodes), "`master_addr`",
+                                "the host of node 0, the same on every node"));
   }
   if (!plan.elastic) plan.master_addr = options.master_addr.value_or("127.0.0.1");
   if (plan.master_addr.empty()) throw InvalidArgument("`master_addr` must not be empty");
