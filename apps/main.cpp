@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <vector>
 
 #include "apps/command.h"
@@ -17,25 +16,6 @@
 #include "tandem/util/log.h"
 
 namespace tandem::app {
-namespace {
-
-struct Entry {
-  std::string name;
-  std::string description;
-  DefineCommand define;
-};
-
-std::vector<Entry>& registry() {
-  static std::vector<Entry> entries;
-  return entries;
-}
-
-}  // namespace
-
-CommandRegistration::CommandRegistration(std::string name, std::string description, DefineCommand define) {
-  registry().push_back({std::move(name), std::move(description), std::move(define)});
-}
-
 namespace {
 
 // The refusal of a command line whose command, or a command's own command (`tandem bench allreduce`), is
@@ -81,12 +61,9 @@ int main(int argc, char** argv) {
   cli.failure_message([](const CLI::App*, const CLI::Error& error) {
     return fmt::format("tandem: error: {} (see --help)\n", error.what());
   });
-  std::map<CLI::App*, std::function<int()>> runners;
+  std::function<int()> run;
   try {
-    for (auto& entry : app::registry()) {
-      CLI::App* command = cli.add_subcommand(entry.name, entry.description);
-      runners[command] = entry.define(*command);
-    }
+    run = app::program_commands().define_all(cli);
     const std::string problem = app::command_word_problem(cli, std::vector<std::string>(argv + 1, argv + argc));
     if (!problem.empty()) {
       std::fprintf(stderr, "tandem: error: %s (see --help)\n", problem.c_str());
@@ -107,10 +84,7 @@ int main(int argc, char** argv) {
     return exit_code;
   };
   try {
-    for (auto& [command, run] : runners) {
-      if (command->parsed()) return run();
-    }
-    return 2;
+    return run();
   } catch (const InvalidArgument& error) {
     return fail(error, 2);
   } catch (const UnsupportedError& error) {

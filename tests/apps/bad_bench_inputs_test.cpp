@@ -43,7 +43,7 @@ std::vector<std::string> bench_data(std::vector<std::string> args) {
 
 // The PyTorch side script in the source tree.
 std::string pytorch_script() {
-  return (std::filesystem::path(TANDEM_FIXTURE_DIR) / ".." / ".." / "bench" / "pytorch_ddp_bench.py").string();
+  return (std::filesystem::path(TANDEM_FIXTURE_DIR) / ".." / ".." / "bench" / "train" / "pytorch_ddp_bench.py").string();
 }
 
 std::vector<std::string> bench_rendezvous(std::vector<std::string> args) {

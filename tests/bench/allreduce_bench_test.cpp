@@ -8,7 +8,7 @@
 
 #include "support/processes.h"
 #include "support/thread_ranks.h"
-#include "bench/allreduce_bench.h"
+#include "bench/allreduce/allreduce_bench.h"
 #include "tandem/util/error.h"
 
 namespace tandem {

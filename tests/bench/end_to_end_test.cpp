@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "bench/end_to_end.h"
+#include "bench/train/end_to_end.h"
 #include "tandem/util/error.h"
 
 namespace tandem::bench::end_to_end_test {
@@ -37,7 +37,7 @@ TEST(EndToEndCommands, PytorchRunsTheSameShapeOfJob) {
   options.nproc = 3;
   options.batch_size = 32;
   EXPECT_EQ(pytorch_end_to_end_command(options, "'/usr/bin/python3'", 40),
-            "'/usr/bin/python3' 'bench/pytorch_end_to_end.py' --nproc 3 --steps 40 --batch-size 32 --threads 1");
+            "'/usr/bin/python3' 'bench/train/pytorch_end_to_end.py' --nproc 3 --steps 40 --batch-size 32 --threads 1");
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/memory_bench.h"
-#include "bench/memory_driver.h"
+#include "bench/memory/memory_bench.h"
+#include "bench/memory/memory_driver.h"
 #include "support/bad_input.h"
 #include "support/processes.h"
 #include "tandem/util/error.h"

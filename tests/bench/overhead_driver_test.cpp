@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "bench/overhead_driver.h"
+#include "bench/overhead/overhead_driver.h"
 #include "support/processes.h"
 #include "support/scratch_dir.h"
 #include "tandem/util/error.h"

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <map>
 
-#include "bench/rendezvous_bench.h"
+#include "bench/rendezvous/rendezvous_bench.h"
 
 namespace tandem::bench {
 namespace {

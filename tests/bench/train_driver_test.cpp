@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "bench/train_driver.h"
+#include "bench/harness/world_sizes.h"
 #include "support/processes.h"
 #include "tandem/util/error.h"
 
