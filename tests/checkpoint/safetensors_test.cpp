@@ -12,11 +12,12 @@
 #include <cstring>
 #include <fstream>
 
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/nn/cnn_net.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 // While set, fsync of a directory fails with EIO, as on a failing disk (see the fsync defined below).
@@ -340,13 +341,13 @@ TEST(Safetensors, CraftedHeadersFailBeforeAnyAllocation) {
 }
 
 }  // namespace
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint
 
 // The library's fsync calls bind to this definition (a program's own symbols come first in dynamic lookup), so
 // a test can make syncing the directory fail deterministically; otherwise it is the plain system call.
 extern "C" int fsync(int fd) {
   struct stat info;
-  if (tandem::train::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (tandem::checkpoint::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
     errno = EIO;
     return -1;
   }
