@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -168,6 +169,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
   TANDEM_CHECK(host_is_little_endian(), "safetensors reading assumes a little-endian host");
+  // A folder opens for reading as a file does, and its size reads as 2^63 bytes.
+  if (std::filesystem::is_directory(path_)) throw InvalidArgument(path_ + ": is a folder, not a safetensors file");
   if (!in_) {
     const int error = errno;
     // A file that is not there is missing (a part of a checkpoint never written, a path mistyped). Any other

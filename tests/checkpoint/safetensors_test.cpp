@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "tandem/checkpoint/safetensors.h"
@@ -275,6 +276,20 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
 
   expect_load_error(temp_path("missing.safetensors"), "cannot open");
   for (const auto& p : {good, truncated, tiny, huge_header, bad_json, not_utf8}) std::remove(p.c_str());
+}
+
+// A folder opens for reading as a file does: the reader took it for a file of 2^63 bytes that was cut short.
+TEST(Safetensors, AFolderIsRefusedInOneLineNamingIt) {
+  const std::string folder = temp_path("folder.safetensors");
+  std::filesystem::create_directories(folder);
+  expect_load_error(folder, ": is a folder, not a safetensors file");
+  try {
+    SafetensorsReader reader(folder);
+    ADD_FAILURE() << "read the folder " << folder;
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos) << error.what();
+  }
+  std::filesystem::remove(folder);
 }
 
 TEST(Safetensors, SaveReportsADirectoryThatCannotBeSynced) {
