@@ -154,8 +154,7 @@ int run_train(TrainFlags& flags) {
   loop.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
   loop.precision = amp::parse_precision(flags.precision);
   loop.strategy = parse_strategy(flags.strategy);
-  loop.checkpoint_format =
-      flags.checkpoint_format == "sharded" ? train::CheckpointFormat::kSharded : train::CheckpointFormat::kFull;
+  loop.checkpoint_format = checkpoint::parse_checkpoint_format(flags.checkpoint_format);
   check_given_flags(flags);
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
   // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.

@@ -4,14 +4,14 @@
 // refusal is InvalidArgument; anything else escapes and libFuzzer reports it.
 #include "fuzz/checkpoint_model.h"
 #include "fuzz/fuzz_input_file.h"
-#include "tandem/train/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tandem::fuzz::CheckpointModel target;
   const std::string& path = tandem::fuzz::write_input_file(data, size);
   try {
-    tandem::train::load_checkpoint(path, *target.model, target.optimizer);
+    tandem::checkpoint::load_checkpoint(path, *target.model, target.optimizer);
   } catch (const tandem::InvalidArgument&) {
   }
   return 0;

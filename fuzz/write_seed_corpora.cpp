@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "fuzz/checkpoint_model.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/image.h"
-#include "tandem/train/checkpoint.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace {
@@ -54,7 +54,7 @@ void write_idx_seeds(const fs::path& dir) {
 }
 
 void write_safetensors_seeds(const fs::path& dir) {
-  tandem::train::save_safetensors(
+  tandem::checkpoint::save_safetensors(
       (dir / "weights.safetensors").string(),
       {{"conv.weight", torch::arange(6, torch::kFloat32).reshape({2, 3})},
        {"conv.bias", torch::ones({2}, torch::kFloat16)},
@@ -83,7 +83,7 @@ void write_checkpoint_seeds(const fs::path& dir) {
   tandem::fuzz::CheckpointModel target;
   target.model->forward(torch::ones({1, 3})).sum().backward();
   target.optimizer.step();
-  tandem::train::CheckpointState state;
+  tandem::checkpoint::CheckpointState state;
   state.epoch = 1;
   state.batches_done = 2;
   state.step = 3;
@@ -91,7 +91,8 @@ void write_checkpoint_seeds(const fs::path& dir) {
   state.lrf = 0.01;
   state.epochs = 4;
   state.sampler_seed = 5;
-  tandem::train::save_checkpoint((dir / "checkpoint.safetensors").string(), *target.model, target.optimizer, state);
+  tandem::checkpoint::save_checkpoint((dir / "checkpoint.safetensors").string(), *target.model, target.optimizer,
+                                      state);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "tandem/checkpoint/weights.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/crop_defaults.h"
 #include "tandem/data/data_folder.h"
@@ -11,9 +12,7 @@
 #include "tandem/nn/model_registry.h"
 #include "tandem/nn/sync_batch_norm.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
-#include "tandem/train/checkpoint.h"
 #include "tandem/train/run_directory.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/log.h"
 #include "tandem/util/needs.h"
 #include "tandem/util/output_path.h"
@@ -33,8 +32,8 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
   comm::run_on_all_ranks(group, "to build the model", [&] {
     model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
     if (o.init_weights.empty()) return;
-    train::LoadReport report = train::load_weights(*model.module.ptr(), train::read_model_weights(o.init_weights),
-                                                       o.init_weights, o.strict);
+    checkpoint::LoadReport report = checkpoint::load_weights(
+        *model.module.ptr(), checkpoint::read_model_weights(o.init_weights), o.init_weights, o.strict);
     if (!is_main) return;
     log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
     for (const auto& s : report.skipped) log::warn("skipped {}", s);
@@ -112,7 +111,7 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
                       : fmt::format("{}at epoch ends{}; the newest {} kept",
-                                    o.checkpoint_format == train::CheckpointFormat::kSharded ? "sharded, " : "",
+                                    o.checkpoint_format == checkpoint::CheckpointFormat::kSharded ? "sharded, " : "",
                                     o.checkpoint_every > 0 ? fmt::format(" and every {} steps", o.checkpoint_every) : "",
                                     o.keep_checkpoints > 0 ? std::to_string(o.keep_checkpoints) : "all"));
   line("records", fmt::format("metrics.jsonl, steps.jsonl{}{}", o.tensorboard ? ", TensorBoard events" : "",
@@ -197,7 +196,7 @@ void validate_fsdp(const TrainingProgramOptions& o) {
 void validate(const TrainingProgramOptions& o) {
   if (o.loop.strategy == Strategy::kFsdp) validate_fsdp(o);
   // The loop's refusal of sharded checkpoints without fsdp, before the rendezvous (it needs no world size).
-  if (o.loop.checkpoint_format == train::CheckpointFormat::kSharded) train::validate(o.loop, 1);
+  if (o.loop.checkpoint_format == checkpoint::CheckpointFormat::kSharded) train::validate(o.loop, 1);
   const bool dp = o.loop.strategy == Strategy::kDataParallel;
   if (o.dp_replicas > 0 && !dp) {
     throw InvalidArgument(needs("--dp-replicas", "--strategy dp") +
@@ -282,7 +281,7 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
 
   comm::run_on_all_ranks(group, "to save --save-weights", [&] {
     if (is_main && !options.save_weights.empty()) {
-      train::save_weights(*model.module.ptr(), options.save_weights,
+      checkpoint::save_weights(*model.module.ptr(), options.save_weights,
                           {{"model", options.model}, {"step", std::to_string(result.steps)}});
       log::write("", "wrote weights to " + options.save_weights);
     }

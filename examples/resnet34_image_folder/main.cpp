@@ -7,11 +7,11 @@
 //
 // WEIGHTS is a safetensors file of a ResNet-34 state dict under PyTorch's names ("" or absent: start from
 // scratch and train every layer).
+#include <tandem/checkpoint/weights.h>
 #include <tandem/comm/process_group.h>
 #include <tandem/data/data_folder.h>
 #include <tandem/nn/resnet.h>
 #include <tandem/train/loop.h>
-#include <tandem/train/safetensors.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     if (!weights.empty()) {
       // Tensors whose name or shape differs from the model's are skipped and listed: the seed compared only
       // element counts, which lets a transposed tensor in.
-      const tandem::train::LoadReport report = tandem::train::load_weights(*model, weights);
+      const tandem::checkpoint::LoadReport report = tandem::checkpoint::load_weights(*model, weights);
       if (tandem::is_main_process()) {
         std::printf("loaded %zu tensors from %s\n", report.loaded.size(), weights.c_str());
         for (const std::string& skipped : report.skipped) std::printf("  skipped %s\n", skipped.c_str());

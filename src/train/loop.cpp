@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "fsdp_full_state.h"
 #include "run.h"
 #include "run_start.h"
 #include "training_loaders.h"
@@ -26,6 +25,7 @@
 #include "tandem/ddp/join.h"
 #include "tandem/ddp/named_comm_hook.h"
 #include "tandem/ddp/no_sync_guard.h"
+#include "tandem/fsdp/full_state_view.h"
 #include "tandem/fsdp/unused_parameters.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
@@ -170,7 +170,7 @@ void Run::wrap_model() {
     return;
   }
   if (options_.strategy == Strategy::kFsdp) {
-    require_fsdp_optimizer(optimizer_, module_);
+    fsdp::require_fsdp_optimizer(optimizer_, module_);
     fsdp::FsdpOptions fsdp_options = options_.fsdp;
     // bf16-mixed and 16-mixed compute on bfloat16 and float16 parameters gathered from float32 shards; gradients
     // are reduced in float32, so the ranks' sum rounds no further than DDP's (docs/fsdp.md, "Mixed precision").
@@ -181,7 +181,7 @@ void Run::wrap_model() {
     }
     fsdp_model_ = std::make_unique<fsdp::FullyShardedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
                                                                                      fsdp_options);
-    shard_optimizer(fsdp_model_->sharded(), module_, optimizer_);
+    fsdp::shard_optimizer(fsdp_model_->sharded(), module_, optimizer_);
     return;
   }
   if (communicator_ && world_ > 1) ddp::require_backend_reduces(options_.comm_hook, *communicator_);
@@ -195,7 +195,7 @@ void Run::wrap_model() {
 // The caller gets its model and optimizer back as DDP leaves them: full parameters (the same on every rank), and
 // the optimizer over them with the whole state.
 void Run::unshard_model() {
-  FullStateView(fsdp_model_->sharded(), module_, optimizer_).keep();
+  fsdp::FullStateView(fsdp_model_->sharded(), module_, optimizer_).keep();
   fsdp_model_.reset();
 }
 
@@ -273,7 +273,9 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
   // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
   // generators after evaluation and on_epoch_end, as at every epoch end.
-  if (stop_ && progress.steps < progress.steps_in_epoch) rng_at_stop_ = gather_rng_states(communicator_, rng_devices());
+  if (stop_ && progress.steps < progress.steps_in_epoch) {
+    rng_at_stop_ = checkpoint::gather_rng_states(communicator_, rng_devices());
+  }
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
   return progress;

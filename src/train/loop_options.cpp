@@ -65,7 +65,7 @@ void validate(const LoopOptions& options, int world_size) {
     throw InvalidArgument("fsdp.mixed_precision's dtypes follow `precision`: leave them float32 and set `precision` "
                           "bf16-mixed or 16-mixed, which gathers bfloat16 or float16 parameters and reduces in float32");
   }
-  if (options.checkpoint_format == CheckpointFormat::kSharded && options.strategy != Strategy::kFsdp) {
+  if (options.checkpoint_format == checkpoint::CheckpointFormat::kSharded && options.strategy != Strategy::kFsdp) {
     throw InvalidArgument("`checkpoint_format` sharded needs `strategy` fsdp: only fsdp's ranks hold shards to write; "
                           "drop `checkpoint_format`, or use `strategy` fsdp");
   }

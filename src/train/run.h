@@ -84,8 +84,8 @@ class Run {
   // run_checkpoints.cpp: continuing from a checkpoint, and writing one.
   void resume_from(const std::string& checkpoint);
   void continue_layout();
-  CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
-  void write_checkpoint(const CheckpointState& state);
+  checkpoint::CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
+  void write_checkpoint(const checkpoint::CheckpointState& state);
   // The devices whose generators a checkpoint holds: every DataParallel replica's, else the rank's own.
   std::vector<torch::Device> rng_devices() const;
 
@@ -120,9 +120,9 @@ class Run {
   std::unique_ptr<RunTimeline> run_timeline_;
   monitor::Timeline* timeline_ = nullptr;  // run_timeline_'s; null without one
   std::unique_ptr<ProgressReporter> progress_;
-  CheckpointState resumed_;
+  checkpoint::CheckpointState resumed_;
   int64_t resumed_position_ = 0;  // where resumed_.epoch continues in its order
-  RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
+  checkpoint::RngStates rng_at_stop_;  // taken where max_steps stopped the run; undefined before
   // Rank 0's batches of an epoch from a position on (the same on every rank): an epoch's steps count them.
   std::optional<data::BatchSampler> first_rank_batches_;
   int64_t step_ = 0;

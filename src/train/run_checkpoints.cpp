@@ -1,18 +1,17 @@
 // The Run's checkpoints (train/run.h): continuing from one, and writing one. A full checkpoint is written by rank 0
 // alone, after every rank has sent it what only that rank has: its generators and, with a sharded optimizer, its
 // share of the state. A sharded one (fsdp) is written by every rank, its own shards' file, then completed by
-// rank 0 (fsdp_sharded_state.h).
+// rank 0 (checkpoint/fsdp_sharded_checkpoint.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
 
-#include "fsdp_full_state.h"
-#include "fsdp_sharded_state.h"
 #include "run.h"
-#include "sharded_checkpoint.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/fsdp_sharded_checkpoint.h"
 #include "tandem/comm/rank_agreement.h"
-#include "tandem/train/run_directory.h"
+#include "tandem/fsdp/full_state_view.h"
 #include "tandem/util/log.h"
 
 namespace tandem::train {
@@ -23,7 +22,8 @@ namespace {
 // samples an epoch trains and how many epochs there are. World size and batch size may change (the position
 // carries over), except for checkpoints of the first format, which recorded no batch size to count in. `now` is
 // this run's state at its start.
-void require_same_data(const CheckpointState& saved, const CheckpointState& now, const std::string& path) {
+void require_same_data(const checkpoint::CheckpointState& saved, const checkpoint::CheckpointState& now,
+                       const std::string& path) {
   if (saved.batch_size == 0 && saved.batches_done > 0 && saved.world_size != now.world_size) {
     throw InvalidArgument(fmt::format(
         "{} was written inside an epoch by a tandem that did not record its batch size, on world size {}: continue "
@@ -53,7 +53,7 @@ void require_same_data(const CheckpointState& saved, const CheckpointState& now,
 
 // Where the checkpoint's epoch continues in its order: recorded, or (older checkpoints) what its batches on its
 // layout covered. A first-format checkpoint's batch size is this run's (require_same_data saw to it).
-int64_t resumed_position(const CheckpointState& saved, const CheckpointState& now) {
+int64_t resumed_position(const checkpoint::CheckpointState& saved, const checkpoint::CheckpointState& now) {
   if (saved.sample_position >= 0) return saved.sample_position;
   const int64_t batch_size = saved.batch_size > 0 ? saved.batch_size : now.batch_size;
   const int64_t trained = saved.batches_done * batch_size * saved.world_size;
@@ -69,22 +69,24 @@ std::vector<torch::Device> Run::rng_devices() const {
 void Run::resume_from(const std::string& checkpoint) {
   // FSDP cuts its shards from a sharded checkpoint's pieces, or loads the full state as DDP does and cuts them
   // from that (on any world size). DDP gathers a sharded checkpoint's pieces whole.
-  const bool pieces_into_shards = fsdp_model_ && is_sharded_checkpoint(checkpoint);
-  std::optional<FullStateView> full;
+  const bool pieces_into_shards =
+      fsdp_model_ && checkpoint::stored_format(checkpoint) == checkpoint::StoredFormat::kSharded;
+  std::optional<fsdp::FullStateView> full;
   if (fsdp_model_ && !pieces_into_shards) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
-    ExtraState extra;
+    checkpoint::ExtraState extra;
     if (pieces_into_shards) {
-      resumed_ = load_fsdp_sharded_checkpoint(checkpoint, fsdp_model_->sharded(), module_, optimizer_, &extra);
+      resumed_ =
+          checkpoint::load_fsdp_sharded_checkpoint(checkpoint, fsdp_model_->sharded(), module_, optimizer_, &extra);
     } else {
-      resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
-                          : load_checkpoint(checkpoint, module_, optimizer_, &extra);
+      resumed_ = sharded_ ? checkpoint::load_checkpoint(checkpoint, module_, *sharded_, &extra)
+                          : checkpoint::load_checkpoint(checkpoint, module_, optimizer_, &extra);
     }
     if (full) full->commit();
-    const CheckpointState now = checkpoint_state(0, {});
+    const checkpoint::CheckpointState now = checkpoint_state(0, {});
     require_same_data(resumed_, now, checkpoint);
     resumed_position_ = resumed_position(resumed_, now);
-    continue_rng_states(resumed_.rng, rank_, options_.seed, rng_devices());
+    checkpoint::continue_rng_states(resumed_.rng, rank_, options_.seed, rng_devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
@@ -136,8 +138,8 @@ void Run::continue_layout() {
 }
 
 // The run's state after `progress.batches_done` batches of `epoch`, with that epoch's loss and time so far.
-CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) const {
-  CheckpointState state;
+checkpoint::CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) const {
+  checkpoint::CheckpointState state;
   state.epoch = epoch;
   state.batches_done = progress.batches_done;
   state.sample_position = progress.batches_done > 0 ? position_done(progress) : 0;
@@ -168,32 +170,34 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
 }
 
 // Rank 0 writes the checkpoint; every rank learns whether it worked.
-void Run::write_checkpoint(const CheckpointState& state) {
+void Run::write_checkpoint(const checkpoint::CheckpointState& state) {
   if (!options_.checkpoint) return;
-  CheckpointState complete = state;
-  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
+  checkpoint::CheckpointState complete = state;
+  complete.rng =
+      rng_at_stop_.cpu.defined() ? rng_at_stop_ : checkpoint::gather_rng_states(communicator_, rng_devices());
   if (sharded_) sharded_->consolidate_state_dict(0);
-  const std::string path = checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
-  const bool in_pieces = fsdp_model_ && options_.checkpoint_format == CheckpointFormat::kSharded;
+  const std::string path = checkpoint::checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
+  const bool in_pieces = fsdp_model_ && options_.checkpoint_format == checkpoint::CheckpointFormat::kSharded;
   // Every rank's pieces are in place before rank 0 writes the file that completes the checkpoint.
   if (in_pieces) {
-    comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint",
-                           [&] { write_fsdp_shard_file(path, fsdp_model_->sharded(), module_, optimizer_); });
+    comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint", [&] {
+      checkpoint::write_fsdp_shard_file(path, fsdp_model_->sharded(), module_, optimizer_);
+    });
   }
   // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
-  std::optional<FullStateView> full;
+  std::optional<fsdp::FullStateView> full;
   if (fsdp_model_ && !in_pieces) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
-    const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
+    const checkpoint::ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : checkpoint::ExtraState{};
     if (in_pieces) {
-      write_fsdp_checkpoint_file(path, fsdp_model_->sharded(), module_, optimizer_, complete, extra);
+      checkpoint::write_fsdp_checkpoint_file(path, fsdp_model_->sharded(), module_, optimizer_, complete, extra);
     } else if (sharded_) {
-      save_checkpoint(path, module_, *sharded_, complete, extra);
+      checkpoint::save_checkpoint(path, module_, *sharded_, complete, extra);
     } else {
-      save_checkpoint(path, module_, optimizer_, complete, extra);
+      checkpoint::save_checkpoint(path, module_, optimizer_, complete, extra);
     }
-    prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
+    checkpoint::prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
   });
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "tandem/checkpoint/checkpoint_folder.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/util/atomic_file.h"
@@ -47,10 +48,10 @@ RunStart choose(const LoopOptions& options) {
   // Before anything in the run dir is looked at: another run's checkpoint being written would look unfinished.
   start.lock = std::make_shared<RunDirLock>(start.run_dir, node_name());
   // A damaged newest checkpoint (a crash of the storage, a copy cut short) is reported and skipped.
-  const auto latest = find_latest_intact_checkpoint(start.run_dir);
+  const auto latest = checkpoint::find_latest_intact_checkpoint(start.run_dir);
   if (options.resume && !latest) throw InvalidArgument(no_checkpoint);
   if (latest) start.checkpoint = *latest;
-  remove_unfinished_checkpoints(start.run_dir);
+  checkpoint::remove_unfinished_checkpoints(start.run_dir);
   return start;
 }
 

@@ -21,7 +21,7 @@
 #include "support/bad_input.h"
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::app::bad_train_run {
 namespace {
@@ -75,13 +75,13 @@ void cut_short(const std::string& checkpoint) { fs::resize_file(checkpoint, fs::
 // The checkpoint rewritten as one of the format before checksums whose metadata lacks its epoch: nothing checks
 // it before the loop reads its values.
 void drop_epoch(const std::string& checkpoint) {
-  train::TensorFile file = train::load_safetensors(checkpoint);
+  checkpoint::TensorFile file = checkpoint::load_safetensors(checkpoint);
   std::map<std::string, std::string> metadata;
   for (const auto& [key, value] : file.metadata) {
     if (key != "epoch" && key.rfind("crc32c.", 0) != 0) metadata[key] = value;
   }
   metadata["format"] = "tandem-checkpoint-2";
-  train::save_safetensors(checkpoint, file.tensors, metadata);
+  checkpoint::save_safetensors(checkpoint, file.tensors, metadata);
 }
 
 // One row: a run dir in which the default cnn trained an epoch, `damage`d, then continued with `args`.

@@ -14,7 +14,7 @@
 #include "support/tiny_datasets.h"
 #include "support/venv_python.h"
 #include "support/weight_files.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::app {
 namespace {
@@ -51,9 +51,9 @@ TEST(FsdpAgainstPytorchDdp, ThirtyStepsFromPytorchsInitialWeightsEndWithinOneInT
   expect_success(tandem);
   EXPECT_NE(tandem.output.find("[epoch 3]"), std::string::npos) << tandem.output;
 
-  const train::TensorFile initial = train::load_safetensors(init);
-  const train::TensorFile expected = train::load_safetensors(dir + "/pytorch.safetensors");
-  const train::TensorFile actual = train::load_safetensors(dir + "/tandem.safetensors");
+  const checkpoint::TensorFile initial = checkpoint::load_safetensors(init);
+  const checkpoint::TensorFile expected = checkpoint::load_safetensors(dir + "/pytorch.safetensors");
+  const checkpoint::TensorFile actual = checkpoint::load_safetensors(dir + "/tandem.safetensors");
   // Equal because both trained, not because neither did.
   EXPECT_GT(testing::weights_relative_l2(initial, expected), 1e-3) << "PyTorch's weights hardly moved";
   const double difference = testing::weights_relative_l2(expected, actual);

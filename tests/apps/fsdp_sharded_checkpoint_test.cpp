@@ -15,7 +15,7 @@
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
 #include "support/weight_files.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::app::fsdp_sharded_checkpoint {
 namespace {
@@ -88,10 +88,10 @@ TEST_F(FsdpShardedCheckpoint, ContinuesBitForBitOnTheSameWorldAndAsTheFullStateO
       std::string(kStopped) + ".rank-00001-of-00002.safetensors"};
   const std::set<std::string> files = checkpoint_files(root_ + "/stopped");
   for (const std::string& name : expected_files) EXPECT_EQ(files.count(name), 1u) << name;
-  const train::TensorFile main_file = train::load_safetensors(stopped + ".safetensors");
+  const checkpoint::TensorFile main_file = checkpoint::load_safetensors(stopped + ".safetensors");
   EXPECT_FALSE(main_file.find("model.conv1.weight").defined());
   EXPECT_TRUE(main_file.find("model.bn1.running_mean").defined());
-  const train::TensorFile rank1 = train::load_safetensors(stopped + ".rank-00001-of-00002.safetensors");
+  const checkpoint::TensorFile rank1 = checkpoint::load_safetensors(stopped + ".rank-00001-of-00002.safetensors");
   ASSERT_TRUE(rank1.find("output.bias").defined());
   EXPECT_TRUE(rank1.find("optimizer.state.output.bias.momentum_buffer").defined());
   copy_checkpoint(root_ + "/stopped", kStopped, root_ + "/three_sharded");

@@ -13,7 +13,7 @@
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
 #include "support/weight_files.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::app {
 namespace {

@@ -14,10 +14,10 @@
 
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/nn/model_registry.h"
-#include "tandem/train/checkpoint.h"
-#include "tandem/train/run_directory.h"
-#include "tandem/train/safetensors.h"
 
 namespace tandem::app {
 namespace {
@@ -84,11 +84,11 @@ TEST(TrainCommand, LabelOutsideTheTenMnistClassesIsOneLineNamingTheFileAndTheVal
 std::string write_cnn_weights(const std::string& name, const std::string& prefix) {
   nn::Model model = nn::make_model("cnn", nn::ModelOptions{10, 1, 28});
   std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& [tensor_name, tensor] : train::named_state(*model.module.ptr())) {
+  for (const auto& [tensor_name, tensor] : checkpoint::named_state(*model.module.ptr())) {
     state.emplace_back(prefix + tensor_name, tensor);
   }
   const std::string path = make_temp_dir(name) + "/weights.safetensors";
-  train::save_safetensors(path, state);
+  checkpoint::save_safetensors(path, state);
   return path;
 }
 
@@ -98,7 +98,7 @@ TEST(TrainCommand, InitFromAPyTorchDdpStateDictLoadsEveryTensor) {
   const std::string weights = write_cnn_weights("ddp_init", "module.");
   const TrainRun run = train("ddp_init", {"--init", weights, "--strict"});
   expect_trained(run);
-  const size_t tensors = train::load_safetensors(weights).tensors.size();
+  const size_t tensors = checkpoint::load_safetensors(weights).tensors.size();
   EXPECT_NE(run.result.output.find("loaded " + std::to_string(tensors) + " tensors from " + weights),
             std::string::npos)
       << run.result.output;
@@ -106,7 +106,7 @@ TEST(TrainCommand, InitFromAPyTorchDdpStateDictLoadsEveryTensor) {
 
 TEST(TrainCommand, InitThatLoadsNoTensorIsOneLine) {
   const std::string weights = write_cnn_weights("unrelated_init", "encoder.");
-  const size_t tensors = train::load_safetensors(weights).tensors.size();
+  const size_t tensors = checkpoint::load_safetensors(weights).tensors.size();
   expect_refused_before_training(train("unrelated_init", {"--init", weights}),
                                  weights + ": none of its " + std::to_string(tensors) + " tensors fits the model");
 }
@@ -125,12 +125,12 @@ TEST(TrainCommand, InitFromAFullOrShardedCheckpointLoadsTheModelItSaved) {
          "--strategy", "fsdp", "--checkpoint-format", format, "--run-dir", source, "--save-weights", saved},
         {}, std::chrono::seconds(60));
     ASSERT_EQ(trained.exit_code, 0) << trained.output;
-    const std::optional<std::string> checkpoint = train::find_latest_checkpoint(source);
+    const std::optional<std::string> checkpoint = checkpoint::find_latest_checkpoint(source);
     ASSERT_TRUE(checkpoint) << source;
 
     // The model the checkpoint holds is the one the run saved at its end, tensor for tensor.
-    const train::TensorFile weights = train::load_safetensors(saved);
-    const train::TensorFile model = train::read_model_weights(*checkpoint);
+    const checkpoint::TensorFile weights = checkpoint::load_safetensors(saved);
+    const checkpoint::TensorFile model = checkpoint::read_model_weights(*checkpoint);
     ASSERT_EQ(model.tensors.size(), weights.tensors.size()) << format;
     for (const auto& [name, tensor] : weights.tensors) {
       ASSERT_TRUE(model.find(name).defined()) << format << ": " << name;

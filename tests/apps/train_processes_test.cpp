@@ -18,11 +18,12 @@
 #include "support/gpu.h"
 #include "support/tiny_datasets.h"
 #include "support/processes.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/image.h"
 #include "tandem/data/image_folder.h"
-#include "tandem/train/checkpoint.h"
 #include "tandem/train/run_directory.h"
-#include "tandem/train/safetensors.h"
 
 namespace tandem::train {
 namespace {
@@ -119,8 +120,8 @@ std::vector<std::string> read_lines(const std::string& path) {
 }
 
 void expect_same_weights(const std::string& expected_path, const std::string& actual_path) {
-  TensorFile expected = load_safetensors(expected_path);
-  TensorFile actual = load_safetensors(actual_path);
+  checkpoint::TensorFile expected = checkpoint::load_safetensors(expected_path);
+  checkpoint::TensorFile actual = checkpoint::load_safetensors(actual_path);
   ASSERT_EQ(expected.tensors.size(), actual.tensors.size());
   for (size_t i = 0; i < expected.tensors.size(); ++i) {
     ASSERT_EQ(expected.tensors[i].first, actual.tensors[i].first);
@@ -228,7 +229,7 @@ TEST(TrainProcesses, RankKilledMidEpochIsContinuedFromTheNewestCheckpointToTheSa
     }
   }
   // --keep-checkpoints defaults to 3.
-  EXPECT_EQ(list_checkpoints(root + "/killed").size(), 3u);
+  EXPECT_EQ(checkpoint::list_checkpoints(root + "/killed").size(), 3u);
 }
 
 TEST(TrainProcesses, KilledWhileWritingACheckpointLeavesTheNewestCompleteOneToContinueFrom) {
@@ -251,10 +252,10 @@ TEST(TrainProcesses, KilledWhileWritingACheckpointLeavesTheNewestCompleteOneToCo
     temp_file_left = temp_file_left || entry.path().filename().string().find(".tmp.") != std::string::npos;
   }
   EXPECT_TRUE(temp_file_left) << "the kill should have caught the write half way";
-  const std::optional<std::string> newest = find_latest_checkpoint(run);
+  const std::optional<std::string> newest = checkpoint::find_latest_checkpoint(run);
   ASSERT_TRUE(newest.has_value());
-  EXPECT_EQ(*newest, checkpoint_path(run, 0, 8));
-  TensorFile intact = load_safetensors(*newest);
+  EXPECT_EQ(*newest, checkpoint::checkpoint_path(run, 0, 8));
+  checkpoint::TensorFile intact = checkpoint::load_safetensors(*newest);
   EXPECT_EQ(intact.metadata.at("step"), "8");
 
   auto again = run_train_ranks(1, args("killed"));

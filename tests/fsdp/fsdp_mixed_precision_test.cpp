@@ -18,8 +18,8 @@
 #include "support/tiny_datasets.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/fsdp/unit_plan.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace tandem::testing {
@@ -361,7 +361,7 @@ TEST(FsdpMixedPrecision, TandemTrainBf16MixedTrainsAndContinuesFromItsCheckpoint
   std::printf("[fsdp bf16-mixed] epoch losses %.4f %.4f %.4f\n", losses[0], losses[1], losses[2]);
   EXPECT_LT(losses[2], losses[0]) << whole.output;
 
-  const train::TensorFile weights = train::load_safetensors(root + "/whole.safetensors");
+  const checkpoint::TensorFile weights = checkpoint::load_safetensors(root + "/whole.safetensors");
   ASSERT_FALSE(weights.tensors.empty());
   for (const auto& [name, tensor] : weights.tensors) {
     if (tensor.is_floating_point()) {
@@ -374,7 +374,7 @@ TEST(FsdpMixedPrecision, TandemTrainBf16MixedTrainsAndContinuesFromItsCheckpoint
   const ProcessResult continued = train("parts", 18, root + "/continued.safetensors");
   ASSERT_EQ(continued.exit_code, 0) << continued.output;
   EXPECT_NE(continued.output.find("resuming from"), std::string::npos) << continued.output;
-  const train::TensorFile resumed = train::load_safetensors(root + "/continued.safetensors");
+  const checkpoint::TensorFile resumed = checkpoint::load_safetensors(root + "/continued.safetensors");
   ASSERT_EQ(resumed.tensors.size(), weights.tensors.size());
   for (const auto& [name, tensor] : weights.tensors) {
     EXPECT_TRUE(torch::equal(resumed.find(name), tensor)) << name << " differs after the continued run";

@@ -9,8 +9,9 @@
 
 #include "fsdp_fixtures.h"
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/train/loop.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace tandem::testing {
@@ -38,7 +39,7 @@ TEST(FsdpReadsOutsideForward, SaveWeightsOnRankZeroAloneRefusesAtOnceInOneLine) 
         train_one_step(model, rank, 0);
         if (rank != 0) return;  // gone, as the seeds' other ranks are by the time rank 0 saves
         try {
-          train::save_weights(*model.module(), path);
+          checkpoint::save_weights(*model.module(), path);
           ADD_FAILURE() << "save_weights wrote the placeholders of a sharded module";
         } catch (const InvalidArgument& error) {
           EXPECT_EQ(std::string(error.what()),

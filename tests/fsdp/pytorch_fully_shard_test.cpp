@@ -14,7 +14,7 @@
 #include "fsdp_fixtures.h"
 #include "support/tiny_datasets.h"
 #include "support/venv_python.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::testing {
 namespace {
@@ -71,7 +71,7 @@ TEST(PytorchFullyShard, TrainsAnMlpOnTwoGlooRanksOnTheCpu) {
 double difference_from_fully_shard(const FsdpScenario& s) {
   const std::string dir = make_temp_dir("pytorch_fully_shard_" + s.model + "_" + s.optimizer);
   const NamedTensors initial = initial_parameters(s);
-  train::save_safetensors(dir + "/init.safetensors", initial);
+  checkpoint::save_safetensors(dir + "/init.safetensors", initial);
   std::vector<torch::Tensor> xs, ys;
   for (int step = 0; step < s.steps; ++step) {
     std::vector<torch::Tensor> x, y;
@@ -83,7 +83,7 @@ double difference_from_fully_shard(const FsdpScenario& s) {
     xs.push_back(torch::cat(x));
     ys.push_back(torch::cat(y));
   }
-  train::save_safetensors(dir + "/batches.safetensors", {{"x", torch::stack(xs)}, {"y", torch::stack(ys)}});
+  checkpoint::save_safetensors(dir + "/batches.safetensors", {{"x", torch::stack(xs)}, {"y", torch::stack(ys)}});
 
   const bool sgd = s.optimizer == "sgd";
   const ProcessResult pytorch = run_venv_python(
@@ -95,7 +95,7 @@ double difference_from_fully_shard(const FsdpScenario& s) {
   expect_finished(pytorch);
   if (::testing::Test::HasFatalFailure()) return INFINITY;
   const NamedTensors tandem_final = run_fsdp(s);
-  const train::TensorFile pytorch_file = train::load_safetensors(dir + "/pytorch.safetensors");
+  const checkpoint::TensorFile pytorch_file = checkpoint::load_safetensors(dir + "/pytorch.safetensors");
   const NamedTensors pytorch_final(pytorch_file.tensors.begin(), pytorch_file.tensors.end());
 
   EXPECT_GT(relative_l2(pytorch_final, initial), 1e-4) << "PyTorch's parameters hardly moved";

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "fuzz/checkpoint_model.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/idx_file.h"
 #include "tandem/data/image.h"
-#include "tandem/train/checkpoint.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace tandem {
@@ -49,7 +49,8 @@ TEST(FuzzRegressions, IdxReader) {
 }
 
 TEST(FuzzRegressions, SafetensorsReader) {
-  expect_read_or_invalid_argument("safetensors_reader", [](const std::string& path) { train::load_safetensors(path); });
+  expect_read_or_invalid_argument("safetensors_reader",
+                                  [](const std::string& path) { checkpoint::load_safetensors(path); });
 }
 
 TEST(FuzzRegressions, ImageDecoder) {
@@ -59,7 +60,7 @@ TEST(FuzzRegressions, ImageDecoder) {
 TEST(FuzzRegressions, CheckpointReader) {
   expect_read_or_invalid_argument("checkpoint_reader", [](const std::string& path) {
     fuzz::CheckpointModel target;
-    train::load_checkpoint(path, *target.model, target.optimizer);
+    checkpoint::load_checkpoint(path, *target.model, target.optimizer);
   });
 }
 

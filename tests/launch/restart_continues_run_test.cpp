@@ -9,7 +9,7 @@
 
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::testing {
 namespace {
@@ -52,8 +52,8 @@ TEST(Restart, AttemptAfterAKillContinuesTheFirstAttemptsRunToTheUninterruptedWei
       << "the restarted attempt must continue from the newest checkpoint:\n" << killed.output;
   EXPECT_EQ(run_dirs(killed_cwd).size(), 1u) << "both attempts must share one run dir";
 
-  const train::TensorFile expected = train::load_safetensors(whole_cwd + "/final.safetensors");
-  const train::TensorFile actual = train::load_safetensors(killed_cwd + "/final.safetensors");
+  const checkpoint::TensorFile expected = checkpoint::load_safetensors(whole_cwd + "/final.safetensors");
+  const checkpoint::TensorFile actual = checkpoint::load_safetensors(killed_cwd + "/final.safetensors");
   ASSERT_EQ(expected.tensors.size(), actual.tensors.size());
   for (size_t i = 0; i < expected.tensors.size(); ++i) {
     EXPECT_TRUE(torch::equal(expected.tensors[i].second, actual.tensors[i].second)) << expected.tensors[i].first;

@@ -19,8 +19,8 @@
 #include "support/processes.h"
 #include "support/tiny_datasets.h"
 #include "tandem/amp/autocast.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/batch_sampler.h"
-#include "tandem/train/safetensors.h"
 
 namespace tandem::testing {
 namespace {
@@ -201,8 +201,8 @@ ProcessResult run_cell(const std::string& cwd, const CellRun& run, const std::ma
 }
 
 double largest_difference(const std::string& expected_path, const std::string& actual_path) {
-  const train::TensorFile expected = train::load_safetensors(expected_path);
-  const train::TensorFile actual = train::load_safetensors(actual_path);
+  const checkpoint::TensorFile expected = checkpoint::load_safetensors(expected_path);
+  const checkpoint::TensorFile actual = checkpoint::load_safetensors(actual_path);
   EXPECT_EQ(expected.tensors.size(), actual.tensors.size());
   double largest = 0;
   for (size_t i = 0; i < std::min(expected.tensors.size(), actual.tensors.size()); ++i) {

@@ -7,13 +7,13 @@
 #include <limits>
 #include <string>
 
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem::testing {
 
 // ||actual - expected|| / ||expected|| over every floating tensor of `expected`; a tensor that `actual` lacks or
 // holds in another shape fails the calling test and makes the distance infinite.
-inline double weights_relative_l2(const train::TensorFile& expected, const train::TensorFile& actual) {
+inline double weights_relative_l2(const checkpoint::TensorFile& expected, const checkpoint::TensorFile& actual) {
   EXPECT_EQ(expected.tensors.size(), actual.tensors.size());
   double difference = 0, norm = 0;
   for (const auto& [name, tensor] : expected.tensors) {
@@ -30,7 +30,7 @@ inline double weights_relative_l2(const train::TensorFile& expected, const train
 }
 
 inline double weights_relative_l2(const std::string& expected_path, const std::string& actual_path) {
-  return weights_relative_l2(train::load_safetensors(expected_path), train::load_safetensors(actual_path));
+  return weights_relative_l2(checkpoint::load_safetensors(expected_path), checkpoint::load_safetensors(actual_path));
 }
 
 }  // namespace tandem::testing

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
 #include "tandem/data/tensor_dataset.h"
 #include "tandem/train/loop.h"
-#include "tandem/train/run_directory.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -75,8 +75,8 @@ std::string run_stopped_inside_epoch_one(const std::string& name) {
   LoopOptions stopped = options_for(run_dir);
   stopped.max_steps = kStepsPerEpoch + 3;
   fit(stopped);
-  EXPECT_EQ(list_checkpoints(run_dir), (std::vector<std::string>{checkpoint_path(run_dir, 1, 0),
-                                                                 checkpoint_path(run_dir, 1, 3)}));
+  EXPECT_EQ(checkpoint::list_checkpoints(run_dir),
+            (std::vector<std::string>{checkpoint::checkpoint_path(run_dir, 1, 0), checkpoint::checkpoint_path(run_dir, 1, 3)}));
   return run_dir;
 }
 
@@ -92,7 +92,7 @@ std::string fit_error(const LoopOptions& options, std::shared_ptr<const data::Da
 TEST(CheckpointResume, ATruncatedNewestCheckpointIsSkippedForTheNewestIntactOne) {
   const Trained uninterrupted = fit(options_for(make_temp_dir("uninterrupted")));
   const std::string run_dir = run_stopped_inside_epoch_one("truncated_newest");
-  const std::string newest = checkpoint_path(run_dir, 1, 3);
+  const std::string newest = checkpoint::checkpoint_path(run_dir, 1, 3);
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
 
   const Trained resumed = fit(options_for(run_dir));
@@ -104,7 +104,7 @@ TEST(CheckpointResume, ATruncatedNewestCheckpointIsSkippedForTheNewestIntactOne)
 
 TEST(CheckpointResume, ANewestCheckpointWithAFlippedByteIsSkippedForTheNewestIntactOne) {
   const std::string run_dir = run_stopped_inside_epoch_one("flipped_newest");
-  const std::string newest = checkpoint_path(run_dir, 1, 3);
+  const std::string newest = checkpoint::checkpoint_path(run_dir, 1, 3);
   {
     std::fstream file(newest, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(-5, std::ios::end);  // the last tensor's bytes
@@ -116,12 +116,14 @@ TEST(CheckpointResume, ANewestCheckpointWithAFlippedByteIsSkippedForTheNewestInt
 
 TEST(CheckpointResume, WhenNoCheckpointIsIntactTheRunStopsWithOneLine) {
   const std::string run_dir = run_stopped_inside_epoch_one("none_intact");
-  for (const std::string& checkpoint : list_checkpoints(run_dir)) std::filesystem::resize_file(checkpoint, 100);
+  for (const std::string& checkpoint : checkpoint::list_checkpoints(run_dir)) {
+    std::filesystem::resize_file(checkpoint, 100);
+  }
   const std::string error = fit_error(options_for(run_dir), separable_set(48, 1));
   EXPECT_NE(error.find(run_dir), std::string::npos) << error;
   EXPECT_NE(error.find("damaged"), std::string::npos) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
-  EXPECT_EQ(list_checkpoints(run_dir).size(), 2u) << "nothing is moved aside when nothing can be continued";
+  EXPECT_EQ(checkpoint::list_checkpoints(run_dir).size(), 2u) << "nothing is moved aside when nothing can be continued";
 }
 
 // batches_done counts batches of the training set the checkpoint was written with: on other data it would skip

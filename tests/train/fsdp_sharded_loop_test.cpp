@@ -19,9 +19,9 @@
 #include "support/optimizer_cases.h"
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
-#include "tandem/train/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/train/loop.h"
-#include "tandem/train/safetensors.h"
 
 namespace tandem::train::fsdp_sharded_loop {
 namespace {
@@ -32,7 +32,7 @@ using testing::OptimizerCase;
 struct Layout {
   int world = 2;
   Strategy strategy = Strategy::kFsdp;
-  CheckpointFormat format = CheckpointFormat::kSharded;
+  checkpoint::CheckpointFormat format = checkpoint::CheckpointFormat::kSharded;
 };
 
 // Three epochs, batch 8 per rank, into `run_dir`; `stop_after` > 0 stops there.
@@ -94,7 +94,7 @@ class FsdpShardedLoop : public ::testing::TestWithParam<OptimizerCase> {};
 TEST_P(FsdpShardedLoop, ContinuesItsPiecesAsTheFullStateOnAnyLayout) {
   const OptimizerCase& kind = GetParam();
   const std::string name = kind.name;
-  const Layout sharded, full{2, Strategy::kFsdp, CheckpointFormat::kFull};
+  const Layout sharded, full{2, Strategy::kFsdp, checkpoint::CheckpointFormat::kFull};
   const auto whole = fit(kind, full, testing::make_temp_dir("fsdp_sharded_whole_" + name), 1, 0);
 
   // Step 8 is batch 2 of epoch 1. The continued runs start from other weights: all they end with comes from the
@@ -111,9 +111,9 @@ TEST_P(FsdpShardedLoop, ContinuesItsPiecesAsTheFullStateOnAnyLayout) {
   const std::string ddp_full = copy_of(stopped_full, stem, "fsdp_sharded_ddp_full_" + name);
 
   expect_equal(whole, fit(kind, sharded, stopped, 50, 0), "2 ranks continuing their pieces");
-  const Layout one{1, Strategy::kFsdp, CheckpointFormat::kSharded};
+  const Layout one{1, Strategy::kFsdp, checkpoint::CheckpointFormat::kSharded};
   expect_equal(fit(kind, one, one_full, 50, 0), fit(kind, one, one_sharded, 60, 0), "1 rank");
-  const Layout ddp{2, Strategy::kDdp, CheckpointFormat::kFull};
+  const Layout ddp{2, Strategy::kDdp, checkpoint::CheckpointFormat::kFull};
   expect_equal(fit(kind, ddp, ddp_full, 50, 0), fit(kind, ddp, ddp_sharded, 60, 0), "ddp");
 }
 
@@ -211,7 +211,8 @@ std::vector<torch::Tensor> fit_tied(Layout layout, const std::string& run_dir, u
 // What `init_weights` gives a fresh TiedNet from the checkpoint at `path`, loaded strictly.
 std::vector<torch::Tensor> initialised_from(const std::string& path) {
   TiedNet net;
-  const LoadReport report = load_weights(*net, read_model_weights(path), path, /*strict=*/true);
+  const checkpoint::LoadReport report =
+      checkpoint::load_weights(*net, checkpoint::read_model_weights(path), path, /*strict=*/true);
   EXPECT_EQ(report.loaded.size(), kTiedNames) << path << ": every name of the model, decode.weight too";
   EXPECT_TRUE(net->decode->weight.is_same(net->encode->weight));
   return named_weights(*net);
@@ -222,8 +223,8 @@ std::vector<torch::Tensor> initialised_from(const std::string& path) {
 // encode.weight only (a resume and --init --strict refused decode.weight), and the full one's optimizer archive
 // held it twice and loaded back a null state for it.
 TEST(FsdpShardedLoopTied, TrainsAsDdpAndItsCheckpointsContinueUnderFsdpAndDdpAndLoadByInit) {
-  const Layout sharded, full{2, Strategy::kFsdp, CheckpointFormat::kFull};
-  const Layout ddp{2, Strategy::kDdp, CheckpointFormat::kFull};
+  const Layout sharded, full{2, Strategy::kFsdp, checkpoint::CheckpointFormat::kFull};
+  const Layout ddp{2, Strategy::kDdp, checkpoint::CheckpointFormat::kFull};
   const auto whole = fit_tied(sharded, testing::make_temp_dir("fsdp_tied_whole"), 1, 0);
   ASSERT_EQ(whole.size(), kTiedNames);
   expect_equal(whole, fit_tied(ddp, testing::make_temp_dir("fsdp_tied_ddp"), 1, 0), "fsdp against ddp");
@@ -253,7 +254,8 @@ TEST(FsdpShardedLoopTied, AnOptimizerHoldingTheTiedTensorTwiceIsRefused) {
     const auto before = named_weights(*net);
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
     try {
-      Loop(options_of({1, strategy, CheckpointFormat::kFull}, testing::make_temp_dir("fsdp_tied_twice"), 0), nullptr)
+      const Layout layout{1, strategy, checkpoint::CheckpointFormat::kFull};
+      Loop(options_of(layout, testing::make_temp_dir("fsdp_tied_twice"), 0), nullptr)
           .fit(net, optimizer, testing::separable_set(32, 7), nullptr);
       ADD_FAILURE() << "an optimizer holding encode.weight twice trained";
     } catch (const InvalidArgument& refusal) {

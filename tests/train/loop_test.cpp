@@ -272,11 +272,11 @@ std::vector<torch::Tensor> fit_with_dropout(const std::string& run_dir, uint64_t
   int64_t steps_seen = 0;
   loop.callbacks().on_step = [&](const StepInfo& info) { steps_seen = info.step; };
   loop.callbacks().save_extra = [&] {
-    ExtraState extra;
+    checkpoint::ExtraState extra;
     extra.values["steps_seen"] = std::to_string(steps_seen);
     return extra;
   };
-  loop.callbacks().load_extra = [&](const ExtraState& extra) {
+  loop.callbacks().load_extra = [&](const checkpoint::ExtraState& extra) {
     if (loaded_extra) *loaded_extra = extra.values;
   };
   // A user's epoch-end code that draws from the generator, as a validation on a random subset would.

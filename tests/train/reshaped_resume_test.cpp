@@ -18,12 +18,12 @@
 
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/tensor_dataset.h"
 #include "tandem/nn/model_registry.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/loop.h"
-#include "tandem/train/run_directory.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 // A namespace of its own: the tests of a folder are compiled as one unit.
@@ -154,13 +154,13 @@ TEST(ReshapedResume, TheSameGlobalBatchOnOtherRanksEndsOnTheUninterruptedTraject
 // Rewrites the checkpoint as an older tandem wrote it: without `keys` and checksums, in the format before them
 // (which loads unverified).
 void as_older_tandem_wrote_it(const std::string& path, const std::set<std::string>& keys) {
-  train::TensorFile file = train::load_safetensors(path);
+  checkpoint::TensorFile file = checkpoint::load_safetensors(path);
   for (auto it = file.metadata.begin(); it != file.metadata.end();) {
     const bool dropped = it->first.rfind("crc32c.", 0) == 0 || keys.count(it->first);
     it = dropped ? file.metadata.erase(it) : std::next(it);
   }
   file.metadata["format"] = "tandem-checkpoint-2";
-  train::save_safetensors(path, file.tensors, file.metadata);
+  checkpoint::save_safetensors(path, file.tensors, file.metadata);
 }
 
 // A checkpoint of an older tandem records neither its position nor the first batch size: its batches on its own
@@ -168,7 +168,7 @@ void as_older_tandem_wrote_it(const std::string& path, const std::set<std::strin
 TEST(ReshapedResume, ACheckpointWithoutItsPositionContinuesFromItsBatchesOnItsLayout) {
   const Trained whole = fit_on(2, options_for(make_temp_dir("reshaped_old_whole"), 64));
   const std::string run_dir = stopped_on_two_ranks("reshaped_old_format");
-  as_older_tandem_wrote_it(checkpoint_path(run_dir, 1, 5), {"sample_position", "initial_batch_size"});
+  as_older_tandem_wrote_it(checkpoint::checkpoint_path(run_dir, 1, 5), {"sample_position", "initial_batch_size"});
 
   const Trained continued = fit_on(1, options_for(run_dir, 128));
   ASSERT_EQ(continued.steps.size(), 15u);
@@ -180,7 +180,8 @@ TEST(ReshapedResume, ACheckpointWithoutItsPositionContinuesFromItsBatchesOnItsLa
 // world size that wrote them (with this run's batch size), so another world size is refused in one line.
 TEST(ReshapedResume, ACheckpointWithoutItsBatchSizeContinuesOnlyOnItsWorldSize) {
   const std::string run_dir = stopped_on_two_ranks("reshaped_no_batch_size");
-  as_older_tandem_wrote_it(checkpoint_path(run_dir, 1, 5), {"sample_position", "initial_batch_size", "batch_size"});
+  as_older_tandem_wrote_it(checkpoint::checkpoint_path(run_dir, 1, 5),
+                           {"sample_position", "initial_batch_size", "batch_size"});
   try {
     fit_on(1, options_for(run_dir, 128));
     ADD_FAILURE() << "continued on another world size without knowing what its batches held";
@@ -209,11 +210,11 @@ TEST(ReshapedResume, AnotherGlobalBatchTrainsTheRestOfTheEpochOnceAtTheScaledRat
   for (const StepInfo& step : continued.steps) EXPECT_DOUBLE_EQ(step.lr, 4 * kLr) << "global batch 256 over 64";
   ASSERT_EQ(continued.result.epochs.size(), 2u);
   EXPECT_EQ(continued.result.steps, 23);
-  EXPECT_EQ(list_checkpoints(run_dir).back(), checkpoint_path(run_dir, 3, 0));
+  EXPECT_EQ(checkpoint::list_checkpoints(run_dir).back(), checkpoint::checkpoint_path(run_dir, 3, 0));
   // Inside epoch 1 the names go on from the stopped run's batch 5, so that the newest stays the last one.
-  const std::vector<std::string> names = list_checkpoints(run_dir);
-  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 6)), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint_path(run_dir, 1, 7)), names.end());
+  const std::vector<std::string> names = checkpoint::list_checkpoints(run_dir);
+  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint::checkpoint_path(run_dir, 1, 6)), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), checkpoint::checkpoint_path(run_dir, 1, 7)), names.end());
 }
 
 // --accumulate-batches is part of the global batch: 2 ranks x 64 x 2 accumulated batches (a step of 256, the rate
@@ -228,7 +229,7 @@ TEST(ReshapedResume, AccumulatedBatchesCountInTheGlobalBatchOfAContinuedRun) {
   ASSERT_EQ(stopped.result.steps, 7);
   for (const StepInfo& step : stopped.steps) EXPECT_DOUBLE_EQ(step.lr, 2 * kLr) << "a new run scales by its ranks";
   const std::string older_dir = make_temp_dir("reshaped_accumulated_older");
-  std::filesystem::copy(checkpoint_path(run_dir, 1, 4), checkpoint_path(older_dir, 1, 4));
+  std::filesystem::copy(checkpoint::checkpoint_path(run_dir, 1, 4), checkpoint::checkpoint_path(older_dir, 1, 4));
 
   LoopOptions wider = options_for(run_dir, 64);
   wider.max_steps = 8;
@@ -236,7 +237,8 @@ TEST(ReshapedResume, AccumulatedBatchesCountInTheGlobalBatchOfAContinuedRun) {
   ASSERT_EQ(continued.steps.size(), 1u);
   EXPECT_DOUBLE_EQ(continued.steps.front().lr, 2 * kLr) << "global batch 256 on both layouts";
 
-  as_older_tandem_wrote_it(checkpoint_path(older_dir, 1, 4), {"initial_accumulate_batches", "accumulate_batches"});
+  as_older_tandem_wrote_it(checkpoint::checkpoint_path(older_dir, 1, 4),
+                           {"initial_accumulate_batches", "accumulate_batches"});
   LoopOptions older = options_for(older_dir, 64);
   older.max_steps = 8;
   const Trained continued_older = fit_on(4, older);
@@ -295,7 +297,7 @@ TEST(ReshapedResume, SixteenMixedCarriesItsLossScaleOver) {
   const Trained before = fit_on(2, stopped);
   ASSERT_EQ(before.steps.size(), 8u);
 
-  const train::TensorFile checkpoint = train::load_safetensors(checkpoint_path(run_dir, 0, 8));
+  const checkpoint::TensorFile checkpoint = checkpoint::load_safetensors(checkpoint::checkpoint_path(run_dir, 0, 8));
   double scale = std::stod(checkpoint.metadata.at("grad_scaler.scale"));
   int64_t tracker = std::stoll(checkpoint.metadata.at("grad_scaler.growth_tracker"));
   EXPECT_EQ(scale, before.steps.back().loss_scale) << "the checkpoint holds the stopped run's last scale";

@@ -9,9 +9,10 @@
 
 #include "ddp/ddp_fixtures.h"
 #include "support/thread_ranks.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/nn/resnet.h"
 #include "tandem/nn/sync_batch_norm.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
 namespace tandem {
@@ -109,13 +110,13 @@ TEST(ResNetDdp, TorchvisionWeightsWithAnotherClassCountSkipFcAndSayWhich) {
   nn::ResNet imagenet = nn::resnet18(1000);
   const std::string path =
       ::testing::TempDir() + "tandem_resnet_init_" + std::to_string(::getpid()) + ".safetensors";
-  train::save_weights(*imagenet, path);
+  checkpoint::save_weights(*imagenet, path);
 
   nn::ResNet model = nn::resnet18(10);
-  const train::LoadReport report = train::load_weights(*model, path);
+  const checkpoint::LoadReport report = checkpoint::load_weights(*model, path);
   // --strict refuses the same file instead, naming the tensors.
   try {
-    train::load_weights(*model, path, /*strict=*/true);
+    checkpoint::load_weights(*model, path, /*strict=*/true);
     ADD_FAILURE() << "strict loading accepted a 1000-class fc";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("fc.weight"), std::string::npos) << e.what();

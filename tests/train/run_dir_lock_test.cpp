@@ -11,8 +11,8 @@
 #include <string>
 
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
 #include "tandem/train/loop.h"
-#include "tandem/train/run_directory.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train::run_dir_lock {
@@ -72,7 +72,8 @@ TEST(RunDirLock, ASecondRunInTheSameRunDirIsRefusedNamingTheFirstOnesPidAndHost)
   }
   second_tried.set_value();
   EXPECT_EQ(first.get().epochs.size(), 1u) << "the first run trains on undisturbed";
-  EXPECT_EQ(list_checkpoints(run_dir), std::vector<std::string>{checkpoint_path(run_dir, 1, 0)});
+  EXPECT_EQ(checkpoint::list_checkpoints(run_dir),
+            std::vector<std::string>{checkpoint::checkpoint_path(run_dir, 1, 0)});
 
   // Once it has ended, a later run continues it.
   const TrainResult continued = train_in(two_epochs_in(run_dir));

@@ -37,11 +37,11 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/comm/communicator.h"
 #include "tandem/data/dataset.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
-#include "tandem/train/checkpoint.h"
 #include "tandem/train/loop_options.h"
 #include "tandem/train/metrics.h"
 #include "tandem/util/error.h"
@@ -76,8 +76,8 @@ struct LoopCallbacks {
                                                             // inside it, next) batch
   std::function<void(const StepInfo&)> on_step;             // every rank, after each optimizer step
   std::function<void(const EpochMetrics&)> on_epoch_end;    // every rank, after evaluation
-  std::function<ExtraState()> save_extra;                   // rank 0, into each checkpoint
-  std::function<void(const ExtraState&)> load_extra;        // every rank, when a run is continued
+  std::function<checkpoint::ExtraState()> save_extra;                   // rank 0, into each checkpoint
+  std::function<void(const checkpoint::ExtraState&)> load_extra;        // every rank, when a run is continued
 };
 
 struct TrainResult {

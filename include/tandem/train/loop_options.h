@@ -10,6 +10,7 @@
 
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/amp/precision.h"
+#include "tandem/checkpoint/checkpoint_format.h"
 #include "tandem/ddp/powersgd_hook.h"
 #include "tandem/fsdp/fsdp_options.h"
 #include "tandem/monitor/timeline.h"
@@ -35,11 +36,8 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 // The average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
 enum class Strategy { kDdp, kDataParallel, kFsdp };
 
-// What a checkpoint holds (docs/checkpoint.md). kFull: the whole state in one file, written by rank 0 (kFsdp
-// gathers it on every rank first). kSharded (kFsdp only): each rank writes its shards' pieces to a file of its
-// own and rank 0 an index of them, so no rank gathers the model; it continues on any world size, under kFsdp or
-// (gathered whole on each rank) kDdp with a plain optimizer. A run continues either kind, whatever it writes.
-enum class CheckpointFormat { kFull, kSharded };
+// CheckpointFormat moved to tandem/checkpoint/checkpoint_format.h; its name in tandem::train goes in the next release.
+using checkpoint::CheckpointFormat;
 
 struct LoopOptions {
   // What checkpoints call the model (tandem train's `model`, "cnn"): a run dir continued with a model of other
@@ -92,7 +90,7 @@ struct LoopOptions {
   bool checkpoint = true;       // rank 0 writes a checkpoint at each epoch end (and when max_steps stops the run)
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
   int keep_checkpoints = 3;     // the newest this many stay in run_dir (a sharded one with all its files); 0: all
-  CheckpointFormat checkpoint_format = CheckpointFormat::kFull;
+  checkpoint::CheckpointFormat checkpoint_format = checkpoint::CheckpointFormat::kFull;
   int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never. kDdp only
   // 32, bf16-mixed or 16-mixed (amp/precision.h): the forward pass and the loss run under autocast to the
   // lower dtype, evaluation too; 16-mixed scales the loss with a GradScaler of these options, whose state

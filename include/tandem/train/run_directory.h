@@ -1,10 +1,8 @@
 #pragma once
-// Where a run keeps its files: RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors (train/checkpoint.h), metrics.jsonl
-// and, for image folders, class_indices.json. Runs without a --run-dir go to runs/<timestamp>.
-#include <cstdint>
-#include <optional>
+// Where a run keeps its files: its checkpoints (checkpoint/checkpoint_folder.h), metrics.jsonl and, for image
+// folders, class_indices.json. Runs without a --run-dir go to runs/<timestamp>; `resume` without one continues
+// the newest run under runs/ that holds a checkpoint.
 #include <string>
-#include <vector>
 
 #include "tandem/train/loop_options.h"
 
@@ -19,40 +17,24 @@ void check_run_outputs(const LoopOptions& options);
 // runs_dir/YYYYmmdd-HHMMSS of the current local time, with a -N suffix if that name is taken. Not created.
 std::string timestamped_run_dir(const std::string& runs_dir = "runs");
 
-// RUN_DIR/checkpoint-EEEE-BBBBBBBB.safetensors for (epoch, batches_done); names sort in training order.
-std::string checkpoint_path(const std::string& run_dir, int epoch, int64_t batches_done);
-
-// The names of what `folder` (a run dir, or the runs dir above run dirs) holds, files and folders without the
-// path, in no order; none where it does not exist. Throws Error when it exists but cannot be read (too many open
-// files, no permission), which must not pass for an empty run dir.
-std::vector<std::string> folder_entries(const std::string& folder);
-
-// The checkpoints in run_dir, oldest first (epoch, then batch, compared as numbers). Temp files of an
-// interrupted write are not checkpoints.
-std::vector<std::string> list_checkpoints(const std::string& run_dir);
-
-// The newest of list_checkpoints(run_dir), or nullopt if there is none.
-std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
-
-// The newest checkpoint in run_dir in which checkpoint_damage (train/checkpoint.h) finds nothing wrong, or nullopt if run_dir
-// holds none. Each newer one that is damaged (truncated, a checksum that fails) is reported in one log line and
-// renamed to NAME.damaged: kept for a look, but no longer a checkpoint, which pruning would otherwise count
-// among the newest and keep in place of the ones the continued run writes. When every checkpoint is damaged,
-// throws InvalidArgument naming run_dir and the newest one's damage, and renames none. Call only while no other
-// process writes checkpoints into run_dir.
-std::optional<std::string> find_latest_intact_checkpoint(const std::string& run_dir);
-
-// Deletes the temp files of checkpoint writes that never finished (their process was killed); call only while
-// no other process writes checkpoints into run_dir.
-void remove_unfinished_checkpoints(const std::string& run_dir);
-
-// Deletes all but the newest `keep` checkpoints in run_dir; keep <= 0 keeps them all. Throws Error naming a
-// file that cannot be removed.
-void prune_checkpoints(const std::string& run_dir, int keep);
-
 // RUNS_DIR/NAME of the newest run under runs_dir that holds a checkpoint, or "" if none does. Run names are
 // timestamped_run_dir's, YYYYmmdd-HHMMSS with a -N suffix when that second is taken; the numbers in them are
 // compared as numbers, so -10 is newer than -9.
 std::string newest_run_dir(const std::string& runs_dir);
 
+}  // namespace tandem::train
+
+// The checkpoints of a run dir moved to tandem/checkpoint/checkpoint_folder.h (namespace tandem::checkpoint). This
+// include and these names in tandem::train keep programs written against the earlier layout compiling for one
+// release; they go in the next.
+#include "tandem/checkpoint/checkpoint_folder.h"
+
+namespace tandem::train {
+using checkpoint::checkpoint_path;
+using checkpoint::find_latest_checkpoint;
+using checkpoint::find_latest_intact_checkpoint;
+using checkpoint::folder_entries;
+using checkpoint::list_checkpoints;
+using checkpoint::prune_checkpoints;
+using checkpoint::remove_unfinished_checkpoints;
 }  // namespace tandem::train

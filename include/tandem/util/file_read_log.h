@@ -1,5 +1,5 @@
 #pragma once
-// What the calling thread reads through tandem's checkpoint readers (train/safetensors.h's SafetensorsReader and
+// What the calling thread reads through tandem's checkpoint readers (checkpoint/safetensors.h's SafetensorsReader and
 // a sharded checkpoint's index), file by file: how often each was opened and how many bytes were read from it.
 // Off, and free but for one thread-local check, unless a FileReadLog is alive on the thread. The scale tests
 // count it per simulated rank (docs/checkpoint.md, "Sharded checkpoints at scale"): which files a rank opens, not

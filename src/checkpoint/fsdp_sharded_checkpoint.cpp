@@ -1,4 +1,4 @@
-#include "fsdp_sharded_state.h"
+#include "tandem/checkpoint/fsdp_sharded_checkpoint.h"
 
 #include <fmt/format.h>
 
@@ -10,16 +10,21 @@
 #include <vector>
 
 #include "checkpoint_file.h"
-#include "checkpoint_fields.h"
-#include "fsdp_full_state.h"
-#include "optimizer_state_fields.h"
-#include "sharded_checkpoint.h"
+#include "checkpoint_optimizer.h"
+#include "model_compatibility.h"
+#include "shard_file.h"
+#include "sharded_checkpoint_reader.h"
+#include "tandem/checkpoint/checkpoint_format.h"
+#include "tandem/checkpoint/weights.h"
+#include "tandem/fsdp/full_state_view.h"
 #include "tandem/fsdp/parameter_use_watch.h"
 #include "tandem/optim/optimizer_archive.h"
+#include "tandem/optim/optimizer_state_fields.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
+#include "unusable_checkpoint.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 using fsdp::FlatUnit;
@@ -78,8 +83,8 @@ const ParamState* shard_state(const FlatUnit& unit, const torch::optim::Optimize
 std::vector<std::pair<std::string, torch::Tensor>> defined_fields(const ParamState* state) {
   std::vector<std::pair<std::string, torch::Tensor>> fields;
   if (!state) return fields;
-  const std::vector<std::string> names = state_field_names(*state);
-  const std::vector<torch::Tensor> tensors = state_tensors(*state);
+  const std::vector<std::string> names = optim::state_field_names(*state);
+  const std::vector<torch::Tensor> tensors = optim::state_tensors(*state);
   for (size_t f = 0; f < names.size(); ++f) {
     if (tensors[f].defined()) fields.emplace_back(names[f], tensors[f]);
   }
@@ -92,7 +97,7 @@ std::vector<std::pair<std::string, torch::Tensor>> defined_fields(const ParamSta
 class ParameterView {
  public:
   ParameterView(const fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer)
-      : model_(model), optimizer_(optimizer), module_parameters_(unique_parameters(module)) {
+      : model_(model), optimizer_(optimizer), module_parameters_(fsdp::unique_parameters(module)) {
     auto& states = optimizer_.state();
     shards_ = optimizer_.param_groups().front().params();
     for (const auto& unit : model_.units()) {
@@ -104,9 +109,9 @@ class ParameterView {
       // Out of the map before inserting into it: an insertion may move its entries.
       std::unique_ptr<ParamState> shard_state = std::move(found->second);
       states.erase(found);
-      const std::vector<torch::Tensor> none(state_tensors(*shard_state).size());
+      const std::vector<torch::Tensor> none(optim::state_tensors(*shard_state).size());
       for (const FlatUnit::Parameter& parameter : unit->parameters()) {
-        states[compat::optimizer_state_key(parameter.tensor)] = with_state_tensors(*shard_state, none);
+        states[compat::optimizer_state_key(parameter.tensor)] = optim::with_state_tensors(*shard_state, none);
       }
       shard_states_.push_back(std::move(shard_state));
     }
@@ -224,7 +229,7 @@ CheckpointState load_fsdp_sharded_checkpoint(const std::string& path, fsdp::Shar
   fsdp::parameter_use_watch::Pause pause;
   torch::NoGradGuard no_grad;
   const TensorFile file = read_checkpoint_file(path);
-  TANDEM_CHECK(optional_meta(file, "format", "") == kShardedCheckpointFormat, path, " is not a sharded checkpoint");
+  TANDEM_CHECK(stored_format(file.metadata) == StoredFormat::kSharded, path, " is not a sharded checkpoint");
   CheckpointState state = read_state(file, path);
   ShardedCheckpointReader pieces(path, file.metadata);
 
@@ -258,7 +263,7 @@ CheckpointState load_fsdp_sharded_checkpoint(const std::string& path, fsdp::Shar
     // The shard, then each state field the checkpoint holds for this unit; the padding stays zero.
     std::vector<std::string> names = {""};
     if (like) {
-      for (const std::string& field : state_field_names(*like)) names.push_back(field);
+      for (const std::string& field : optim::state_field_names(*like)) names.push_back(field);
     }
     std::vector<torch::Tensor> flats;
     for (const std::string& field : names) {
@@ -281,11 +286,11 @@ CheckpointState load_fsdp_sharded_checkpoint(const std::string& path, fsdp::Shar
       throw_unusable(fmt::format("{}: its index has no tensor '{}'", path, unit.parameters().front().name), path);
     }
     units[u]->shard().detach().copy_(flats.front());
-    view.set_shard_state(u, like ? with_state_tensors(*like, std::vector<torch::Tensor>(flats.begin() + 1, flats.end()))
-                                 : nullptr);
+    const std::vector<torch::Tensor> fields(flats.begin() + 1, flats.end());
+    view.set_shard_state(u, like ? optim::with_state_tensors(*like, fields) : nullptr);
   }
   if (extra) read_extra(file, *extra);
   return state;
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -10,13 +10,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/nn/cnn_net.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 // While set, fsync of a directory fails with EIO, as on a failing disk (see the fsync defined below).
@@ -276,6 +278,20 @@ TEST(Safetensors, DamagedFilesFailWithTheFileNameAndTheProblem) {
   for (const auto& p : {good, truncated, tiny, huge_header, bad_json, not_utf8}) std::remove(p.c_str());
 }
 
+// A folder opens for reading as a file does: the reader took it for a file of 2^63 bytes that was cut short.
+TEST(Safetensors, AFolderIsRefusedInOneLineNamingIt) {
+  const std::string folder = temp_path("folder.safetensors");
+  std::filesystem::create_directories(folder);
+  expect_load_error(folder, ": is a folder, not a safetensors file");
+  try {
+    SafetensorsReader reader(folder);
+    ADD_FAILURE() << "read the folder " << folder;
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos) << error.what();
+  }
+  std::filesystem::remove(folder);
+}
+
 TEST(Safetensors, SaveReportsADirectoryThatCannotBeSynced) {
   const std::string path = temp_path("directory_fsync.safetensors");
   std::string message;
@@ -340,13 +356,13 @@ TEST(Safetensors, CraftedHeadersFailBeforeAnyAllocation) {
 }
 
 }  // namespace
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint
 
 // The library's fsync calls bind to this definition (a program's own symbols come first in dynamic lookup), so
 // a test can make syncing the directory fail deterministically; otherwise it is the plain system call.
 extern "C" int fsync(int fd) {
   struct stat info;
-  if (tandem::train::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (tandem::checkpoint::fail_directory_fsync && ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
     errno = EIO;
     return -1;
   }

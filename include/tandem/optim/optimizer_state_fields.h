@@ -1,14 +1,14 @@
 #pragma once
 // The per-element tensors of the optimizer states that fsdp cuts into shards (SGD, Adam, AdamW, RMSprop), by the
 // names PyTorch's state_dict gives them. A shard's per-element state is a slice of its unit's flat state, so these
-// are what FullStateView gathers and cuts (fsdp_full_state.h) and what a sharded checkpoint stores in pieces.
+// are what FullStateView gathers and cuts (fsdp/full_state_view.h) and what a sharded checkpoint stores in pieces.
 #include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace tandem::train {
+namespace tandem::optim {
 
 // Whether `state` is of a kind these functions know (a user's own optimizer's state is opaque to tandem).
 bool has_state_fields(const torch::optim::OptimizerParamState& state);
@@ -21,4 +21,4 @@ std::vector<torch::Tensor> state_tensors(const torch::optim::OptimizerParamState
 std::unique_ptr<torch::optim::OptimizerParamState> with_state_tensors(const torch::optim::OptimizerParamState& like,
                                                                       const std::vector<torch::Tensor>& tensors);
 
-}  // namespace tandem::train
+}  // namespace tandem::optim

@@ -1,9 +1,10 @@
 #pragma once
-// Strategy::kFsdp's full state (docs/fsdp.md, "Training with the loop"): while a FullStateView lives, the module's
-// parameters hold their full values and the optimizer holds the module's parameters, in the module's order, with
-// the state the plain optimizer would have for them. That is what the usual checkpoint code saves and loads, so a
-// checkpoint of an fsdp run is an ordinary tandem checkpoint (DDP, `tandem train` and PyTorch read its weights),
-// and one written by any run continues under fsdp on any world size.
+// FSDP's full state (docs/fsdp.md, "Training with the loop"): while a FullStateView lives, the module's parameters
+// hold their full values and the optimizer holds the module's parameters, in the module's order, with the state
+// the plain optimizer would have for them. That is what the usual checkpoint code (checkpoint/checkpoint.h) saves
+// and loads, so a checkpoint of an fsdp run is an ordinary tandem checkpoint (DDP, `tandem train` and PyTorch read
+// its weights), and one written by any run continues under fsdp on any world size. A program of its own saves
+// with a view on every rank (rank 0 writes), and restores with a view, load_checkpoint on every rank, commit().
 //
 // A shard is a slice of its unit's flat vector, so the optimizer's per-element state of a shard (SGD's momentum,
 // Adam's moments) is the same slice of the flat state: gathering it and cutting it at the parameters' offsets
@@ -21,7 +22,7 @@
 #include "tandem/fsdp/parameter_use_watch.h"
 #include "tandem/fsdp/sharded_model.h"
 
-namespace tandem::train {
+namespace tandem::fsdp {
 
 // The module's parameters as a plain optimizer holds them: each tensor once, in the module's order. LibTorch's
 // parameters() lists a tensor registered in two modules (a tied weight) under each of its names, where PyTorch's
@@ -34,13 +35,13 @@ void require_fsdp_optimizer(const torch::optim::Optimizer& optimizer, torch::nn:
 
 // Points `optimizer` (require_fsdp_optimizer's) at `model`'s shards. Any state it holds for the module's
 // parameters (a second fit()) is cut into this rank's shard state. Every rank calls it; it sends nothing.
-void shard_optimizer(fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+void shard_optimizer(ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
 
 class FullStateView {
  public:
   // Collective: gathers every unit's parameters and shard state on every rank. While the view lives, this
   // thread's reads of the parameters (a checkpoint's) are the view's, not uses that would gather a unit.
-  FullStateView(fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  FullStateView(ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
   // Back to the shards (no communication), unless keep() was called.
   ~FullStateView();
   FullStateView(const FullStateView&) = delete;
@@ -53,8 +54,8 @@ class FullStateView {
   void keep() { kept_ = true; }
 
  private:
-  fsdp::parameter_use_watch::Pause pause_;
-  fsdp::ShardedModel& model_;
+  parameter_use_watch::Pause pause_;
+  ShardedModel& model_;
   torch::optim::Optimizer& optimizer_;
   std::vector<torch::Tensor> module_parameters_;          // unique_parameters(): the plain optimizer's
   std::vector<std::vector<torch::Tensor>> placeholders_;  // per unit and parameter, what the sharded module held
@@ -63,4 +64,4 @@ class FullStateView {
   bool kept_ = false;
 };
 
-}  // namespace tandem::train
+}  // namespace tandem::fsdp

@@ -1,6 +1,6 @@
 // Checkpoints restore model and optimizer exactly (the next step after loading equals the next step of the
 // original), for any optimizer, refuse another kind of optimizer, a damaged entry or metadata value (by their
-// checksums) and a link planted in their place, and the cosine schedule matches the seeds' lambda.
+// checksums) and a link planted in their place.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,16 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/checkpoint_damage.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/rng_state.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/nn/cnn_net.h"
-#include "tandem/train/checkpoint.h"
-#include "tandem/train/run_directory.h"
-#include "tandem/train/lr_schedule.h"
-#include "tandem/train/metrics.h"
-#include "tandem/train/rng_state.h"
-#include "tandem/train/safetensors.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 using testing::make_temp_dir;
@@ -512,64 +512,5 @@ TEST(Checkpoint, ALinkPlantedAsTheTempFileIsNotFollowed) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
 }
 
-TEST(CosineSchedule, MatchesTheSeedsLambda) {
-  const int epochs = 10;
-  const double lrf = 0.1;
-  CosineSchedule schedule(0.02, lrf, epochs);
-  for (int epoch = 0; epoch <= epochs; ++epoch) {
-    const double seed_lambda = ((1 + std::cos(epoch * M_PI / epochs)) / 2) * (1 - lrf) + lrf;
-    EXPECT_DOUBLE_EQ(schedule.lr(epoch), 0.02 * seed_lambda) << "epoch " << epoch;
-  }
-  EXPECT_DOUBLE_EQ(schedule.lr(0), 0.02);
-  EXPECT_NEAR(schedule.lr(epochs), 0.02 * lrf, 1e-15);
-}
-
-TEST(Metrics, WritesOneJsonLinePerEpoch) {
-  const std::string path = make_temp_dir("metrics") + "/metrics.jsonl";
-  {
-    JsonLinesFile writer(path, "epoch", 0);
-    EpochMetrics m;
-    m.epoch = 0;
-    m.accuracy = 0.5;
-    m.correct = 5;
-    m.total = 10;
-    writer.append(to_json_line(m));
-    m.epoch = 1;
-    writer.append(to_json_line(m));
-  }
-  std::ifstream in(path);
-  std::string line;
-  std::vector<std::string> lines;
-  while (std::getline(in, line)) lines.push_back(line);
-  ASSERT_EQ(lines.size(), 2u);
-  EXPECT_EQ(lines[1].rfind("{\"epoch\":1,", 0), 0u) << lines[1];
-  EXPECT_NE(lines[0].find("\"accuracy\":0.5"), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find("\"total\":10"), std::string::npos) << lines[0];
-}
-
-TEST(Metrics, AResumedRunDropsTheLinesOfEpochsItTrainsAgainAndATornLine) {
-  const std::string path = make_temp_dir("metrics_resume") + "/metrics.jsonl";
-  std::ofstream(path) << to_json_line(EpochMetrics{0}) << "\n"
-                      << to_json_line(EpochMetrics{1}) << "\n"
-                      << to_json_line(EpochMetrics{2}) << "\n"
-                      << "{\"epoch\":3,\"lo";  // killed while writing
-  {
-    JsonLinesFile writer(path, "epoch", 2);
-    EpochMetrics m;
-    m.epoch = 2;
-    m.accuracy = 0.25;
-    m.correct = 1;
-    m.total = 4;
-    writer.append(to_json_line(m));
-  }
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0].rfind("{\"epoch\":0,", 0), 0u) << lines[0];
-  EXPECT_EQ(lines[1].rfind("{\"epoch\":1,", 0), 0u) << lines[1];
-  EXPECT_NE(lines[2].find("\"accuracy\":0.25"), std::string::npos) << lines[2];
-}
-
 }  // namespace
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -1,4 +1,4 @@
-#include "optimizer_state_fields.h"
+#include "tandem/optim/optimizer_state_fields.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -7,7 +7,7 @@
 
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::optim {
 
 using torch::optim::OptimizerParamState;
 
@@ -61,4 +61,4 @@ std::unique_ptr<OptimizerParamState> with_state_tensors(const OptimizerParamStat
   return copy;
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::optim

@@ -1,14 +1,14 @@
 #pragma once
-// The metadata that holds a checkpoint's CheckpointState (train/checkpoint.h), declared once: a table of fields,
+// The metadata that holds a checkpoint's CheckpointState (checkpoint/checkpoint.h), declared once: a table of fields,
 // each a key, the member it holds and the value older checkpoints without it stand for, which writing and
-// reading both walk, so that adding a field is one line. Internal to checkpoint.cpp.
+// reading both walk, so that adding a field is one line. Internal to checkpoint/.
 #include <map>
 #include <string>
 
-#include "tandem/train/checkpoint.h"
-#include "tandem/train/safetensors.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 
 // `key`'s value in `file`; InvalidArgument naming `path` and the key when it is missing.
 std::string get_meta(const TensorFile& file, const std::string& key, const std::string& path);
@@ -22,4 +22,4 @@ void write_state_fields(const CheckpointState& state, std::map<std::string, std:
 // naming `path` when a required one is missing or a number is malformed.
 CheckpointState read_state_fields(const TensorFile& file, const std::string& path);
 
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

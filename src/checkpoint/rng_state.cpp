@@ -1,4 +1,4 @@
-#include "tandem/train/rng_state.h"
+#include "tandem/checkpoint/rng_state.h"
 
 #include <ATen/Context.h>
 #include <fmt/format.h>
@@ -10,7 +10,7 @@
 #include "tandem/comm/value_collectives.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 torch::Tensor rows_of_all_ranks(comm::Communicator* communicator, const torch::Tensor& own) {
@@ -145,4 +145,4 @@ void continue_rng_states(const RngStates& states, int rank, uint64_t seed, const
   }
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -1,5 +1,5 @@
 // Sharded checkpoints at scale (issue 41): the real writer and reader of `--checkpoint-format sharded`
-// (src/train/fsdp_sharded_state.h) with 64 simulated ranks, threads of one process around a tiny model. What is
+// (checkpoint/fsdp_sharded_checkpoint.h) with 64 simulated ranks, threads of one process around a tiny model. What is
 // asserted is the shape, never a time: each rank opens the checkpoint file, the index and its own rank file only,
 // once each, and reads no byte of another rank's file; the search for the newest intact checkpoint reads every
 // file once, with one rank file open at a time. Beside them, what a damaged index or an open that fails for
@@ -24,18 +24,19 @@
 #include <thread>
 #include <vector>
 
-#include "src/train/checkpoint_file.h"
-#include "src/train/fsdp_full_state.h"
-#include "src/train/fsdp_sharded_state.h"
-#include "src/train/sharded_checkpoint.h"
+#include "src/checkpoint/checksummed_file.h"
+#include "src/checkpoint/sharded_index.h"
 #include "support/tiny_datasets.h"
+#include "tandem/checkpoint/checkpoint_damage.h"
+#include "tandem/checkpoint/checkpoint_folder.h"
+#include "tandem/checkpoint/fsdp_sharded_checkpoint.h"
 #include "tandem/comm/communicator.h"
+#include "tandem/fsdp/full_state_view.h"
 #include "tandem/fsdp/sharded_model.h"
-#include "tandem/train/run_directory.h"
 #include "tandem/util/error.h"
 #include "tandem/util/file_read_log.h"
 
-namespace tandem::train::sharded_checkpoint_scale {
+namespace tandem::checkpoint::sharded_checkpoint_scale {
 namespace {
 
 namespace fs = std::filesystem;
@@ -87,7 +88,7 @@ std::vector<std::unique_ptr<Rank>> make_world(int world) {
     rank->sharded = std::make_unique<fsdp::ShardedModel>(*rank->module, rank->communicator, options);
     rank->optimizer = std::make_unique<torch::optim::SGD>(rank->module->parameters(),
                                                           torch::optim::SGDOptions(0.1).momentum(0.9));
-    shard_optimizer(*rank->sharded, *rank->module, *rank->optimizer);
+    fsdp::shard_optimizer(*rank->sharded, *rank->module, *rank->optimizer);
     for (torch::Tensor& shard : rank->sharded->shards()) shard.mutable_grad() = torch::ones_like(shard);
     rank->optimizer->step();  // every shard gets its momentum buffer
     ranks.push_back(std::move(rank));
@@ -372,4 +373,4 @@ TEST(ShardedCheckpointScale, AnIndexWhosePiecesOverlapIsDamageNamingIt) {
 }
 
 }  // namespace
-}  // namespace tandem::train::sharded_checkpoint_scale
+}  // namespace tandem::checkpoint::sharded_checkpoint_scale

@@ -7,7 +7,7 @@
 
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 // One metadata value of a checkpoint: its key, the member that holds it, and the value a checkpoint without it
@@ -155,4 +155,4 @@ CheckpointState read_state_fields(const TensorFile& file, const std::string& pat
   return state;
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -8,10 +8,10 @@
 #include <functional>
 #include <string>
 
-#include "tandem/train/rng_state.h"
+#include "tandem/checkpoint/rng_state.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 TEST(RngState, EachRankGetsItsOwnRowBackExactly) {
@@ -130,4 +130,4 @@ TEST(RngState, AnotherNumberOfDevicesIsRefusedInOneLineBeforeAnyGeneratorIsSet) 
 }
 
 }  // namespace
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -1,9 +1,8 @@
-#include "sharded_checkpoint.h"
+#include "sharded_index.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -13,23 +12,20 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <system_error>
 
-#include "checkpoint_file.h"
 #include "tandem/monitor/crc32c.h"
-#include "tandem/train/run_directory.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/error.h"
 #include "tandem/util/file_read_log.h"
+#include "unusable_checkpoint.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kIndexFormat = "tandem-sharded-index-1";
-constexpr const char* kShardFileFormat = "tandem-checkpoint-shard-1";
 constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
 // What the main file records the index by.
 constexpr const char* kIndexName = "sharded_index";
@@ -38,11 +34,6 @@ constexpr const char* kIndexChecksum = "sharded_index_crc32c";
 std::string stem_of(const std::string& checkpoint_path) {
   const std::string name = fs::path(checkpoint_path).filename().string();
   return name.substr(0, name.find('.'));
-}
-
-std::string folder_of(const std::string& checkpoint_path) {
-  const fs::path folder = fs::path(checkpoint_path).parent_path();
-  return folder.empty() ? "." : folder.string();
 }
 
 std::string index_checksum(const std::string& text) { return fmt::format("{:08x}", monitor::crc32c(text)); }
@@ -128,9 +119,6 @@ std::string index_inconsistency(const ShardedIndex& index) {
   return "";
 }
 
-// A reader's line without throw_unusable's advice to move the checkpoint aside: the run dir's search moves it.
-std::string without_advice(const std::string& line) { return line.substr(0, line.rfind("; move ")); }
-
 }  // namespace
 
 const ShardedTensor* ShardedIndex::find(const std::string& name) const {
@@ -152,13 +140,21 @@ std::string shard_file_name(const std::string& checkpoint_path, int rank, int wo
 
 std::string index_file_name(const std::string& checkpoint_path) { return stem_of(checkpoint_path) + ".index.json"; }
 
-void write_shard_file(const std::string& checkpoint_path, int rank, int world_size,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& pieces) {
-  save_checksummed(folder_of(checkpoint_path) + "/" + shard_file_name(checkpoint_path, rank, world_size), pieces,
-                   {{"format", kShardFileFormat},
-                    {"checkpoint", fs::path(checkpoint_path).filename().string()},
-                    {"rank", std::to_string(rank)},
-                    {"world_size", std::to_string(world_size)}});
+std::string checkpoint_of_part(const std::string& name) {
+  const size_t dot = name.find('.');
+  if (name.rfind("checkpoint-", 0) != 0 || dot == std::string::npos) return "";
+  const std::string rest = name.substr(dot + 1);
+  const auto ends_with = [&](const std::string& tail) {
+    return rest.size() >= tail.size() && rest.compare(rest.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends_with(".damaged")) return "";  // set aside for a look, with its checkpoint
+  if (rest.rfind("rank-", 0) != 0 && rest.rfind("index.json", 0) != 0) return "";
+  return name.substr(0, dot) + ".safetensors";
+}
+
+std::string folder_of_checkpoint(const std::string& checkpoint_path) {
+  const fs::path folder = fs::path(checkpoint_path).parent_path();
+  return folder.empty() ? "." : folder.string();
 }
 
 std::map<std::string, std::string> write_index(const std::string& checkpoint_path, const ShardedIndex& index) {
@@ -187,13 +183,11 @@ std::map<std::string, std::string> write_index(const std::string& checkpoint_pat
                   {"tensors", std::move(tensors)}};
   const std::string text = j.dump(1) + "\n";
   const std::string name = index_file_name(checkpoint_path);
-  write_file_atomically(folder_of(checkpoint_path) + "/" + name, text);
+  write_file_atomically(folder_of_checkpoint(checkpoint_path) + "/" + name, text);
   return {{kIndexName, name}, {kIndexChecksum, index_checksum(text)}};
 }
 
-ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_path,
-                                                 const std::map<std::string, std::string>& metadata)
-    : checkpoint_path_(checkpoint_path), folder_(folder_of(checkpoint_path)) {
+ShardedIndex read_index(const std::string& checkpoint_path, const std::map<std::string, std::string>& metadata) {
   const auto name = metadata.find(kIndexName);
   const auto checksum = metadata.find(kIndexChecksum);
   if (name == metadata.end() || checksum == metadata.end()) {
@@ -202,7 +196,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_p
   if (name->second.find('/') != std::string::npos) {
     throw_unusable(checkpoint_path + ": its metadata names an index outside its folder", checkpoint_path);
   }
-  const std::string path = folder_ + "/" + name->second;
+  const std::string path = folder_of_checkpoint(checkpoint_path) + "/" + name->second;
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) {
     const int error = errno;
@@ -223,156 +217,16 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& checkpoint_p
     throw_unusable(path + ": does not match the checksum its checkpoint records (the file is damaged)",
                    checkpoint_path);
   }
+  ShardedIndex index;
   try {
-    index_ = parse_index(text.str());
+    index = parse_index(text.str());
   } catch (const std::exception&) {  // JSON that a tandem did not write, though its checksum matches
     throw_unusable(path + ": not an index of a sharded tandem checkpoint (format " + kIndexFormat + ")",
                    checkpoint_path);
   }
-  const std::string inconsistency = index_inconsistency(index_);
+  const std::string inconsistency = index_inconsistency(index);
   if (!inconsistency.empty()) throw_unusable(fmt::format("{}: {} (the index is damaged)", path, inconsistency), checkpoint_path);
+  return index;
 }
 
-ShardedCheckpointReader::~ShardedCheckpointReader() = default;
-
-std::unique_ptr<SafetensorsReader> ShardedCheckpointReader::open_checked(const std::string& file) const {
-  const std::string path = folder_ + "/" + file;
-  std::unique_ptr<SafetensorsReader> reader;
-  try {
-    reader = std::make_unique<SafetensorsReader>(path);
-  } catch (const InvalidArgument& unreadable) {  // missing, cut short, not safetensors
-    throw_unusable(fmt::format("{} (a shard file of {})", unreadable.what(), checkpoint_path_), checkpoint_path_);
-  }
-  std::string damage = header_damage(reader->entries(), reader->metadata(), path);
-  const auto meta = [&](const std::string& key) {
-    auto it = reader->metadata().find(key);
-    return it == reader->metadata().end() ? std::string() : it->second;
-  };
-  if (damage.empty() && (meta("format") != kShardFileFormat ||
-                         meta("checkpoint") != fs::path(checkpoint_path_).filename().string())) {
-    damage = fmt::format("{}: not a shard file of {}", path, checkpoint_path_);
-  }
-  if (!damage.empty()) throw_unusable(damage, checkpoint_path_);
-  return reader;
-}
-
-SafetensorsReader& ShardedCheckpointReader::open(const std::string& file) {
-  const auto found = std::find_if(open_files_.begin(), open_files_.end(),
-                                  [&](const auto& open) { return open.first == file; });
-  if (found != open_files_.end()) {
-    std::rotate(open_files_.begin(), found, found + 1);  // the most recently used first
-    return *open_files_.front().second;
-  }
-  if (open_files_.size() >= kMaxOpenFiles) open_files_.pop_back();
-  open_files_.emplace(open_files_.begin(), file, open_checked(file));
-  return *open_files_.front().second;
-}
-
-torch::Tensor ShardedCheckpointReader::read_range(const std::string& name, int64_t begin, int64_t end) {
-  const ShardedTensor* tensor = index_.find(name);
-  if (!tensor) throw_unusable(fmt::format("{}: its index has no tensor '{}'", checkpoint_path_, name), checkpoint_path_);
-  torch::Tensor out;
-  int64_t covered = 0;
-  for (const ShardPiece& piece : tensor->pieces) {
-    const int64_t from = std::max(begin, piece.tensor_begin), to = std::min(end, piece.tensor_end);
-    if (from >= to) continue;
-    SafetensorsReader& file = open(piece.file);
-    const TensorEntry* entry = file.find(name);
-    const int64_t numel = piece.tensor_end - piece.tensor_begin;
-    if (!entry || entry->shape != std::vector<int64_t>{numel}) {
-      throw_unusable(fmt::format("{}: lacks the piece [{}, {}) of '{}' that the index of {} names", file.path(),
-                                 piece.tensor_begin, piece.tensor_end, name, checkpoint_path_),
-                     checkpoint_path_);
-    }
-    const torch::Tensor bytes = file.read(name);
-    const std::string damage = entry_damage(name, bytes, file.metadata(), file.path());
-    if (!damage.empty()) throw_unusable(damage, checkpoint_path_);
-    if (!out.defined()) out = torch::empty({end - begin}, bytes.options());
-    out.narrow(0, from - begin, to - from).copy_(bytes.narrow(0, from - piece.tensor_begin, to - from));
-    covered += to - from;
-  }
-  if (covered != end - begin) {
-    throw_unusable(fmt::format("{}: the pieces its index names for '{}' do not cover elements [{}, {})",
-                               checkpoint_path_, name, begin, end),
-                   checkpoint_path_);
-  }
-  return out.defined() ? out : torch::empty({0});
-}
-
-torch::Tensor ShardedCheckpointReader::read_whole(const std::string& name) {
-  const ShardedTensor* tensor = index_.find(name);
-  if (!tensor) throw_unusable(fmt::format("{}: its index has no tensor '{}'", checkpoint_path_, name), checkpoint_path_);
-  int64_t numel = 1;
-  for (int64_t extent : tensor->shape) numel *= extent;
-  return read_range(name, 0, numel).view(tensor->shape);
-}
-
-std::string ShardedCheckpointReader::damage() {
-  // The pieces each file must hold, by file, so that every file is opened once and closed before the next.
-  std::map<std::string, std::vector<std::pair<const ShardedTensor*, const ShardPiece*>>> pieces_of;
-  for (const ShardedTensor& tensor : index_.tensors) {
-    for (const ShardPiece& piece : tensor.pieces) pieces_of[piece.file].emplace_back(&tensor, &piece);
-  }
-  try {
-    for (const std::string& file : index_.files) {
-      const std::unique_ptr<SafetensorsReader> reader = open_checked(file);
-      for (const TensorEntry& entry : reader->entries()) {
-        const std::string damage = entry_damage(entry.name, reader->read(entry.name), reader->metadata(), reader->path());
-        if (!damage.empty()) return damage;
-      }
-      for (const auto& [tensor, piece] : pieces_of[file]) {
-        const TensorEntry* entry = reader->find(tensor->name);
-        if (!entry || entry->shape != std::vector<int64_t>{piece->tensor_end - piece->tensor_begin}) {
-          return fmt::format("{}/{}: lacks the piece of '{}' that the index of {} names", folder_, file, tensor->name,
-                             checkpoint_path_);
-        }
-      }
-    }
-  } catch (const InvalidArgument& unusable) {
-    return without_advice(unusable.what());
-  }
-  return "";
-}
-
-std::string sharded_checkpoint_damage(const std::string& checkpoint_path,
-                                      const std::map<std::string, std::string>& metadata) {
-  try {
-    return ShardedCheckpointReader(checkpoint_path, metadata).damage();
-  } catch (const InvalidArgument& unusable) {  // the index missing or damaged
-    return without_advice(unusable.what());
-  }
-}
-
-bool is_sharded_checkpoint(const std::string& checkpoint_path) {
-  try {
-    const SafetensorsReader reader(checkpoint_path);
-    const auto format = reader.metadata().find("format");
-    return format != reader.metadata().end() && format->second == kShardedCheckpointFormat;
-  } catch (const InvalidArgument&) {  // unreadable: whoever loads it says what is wrong
-    return false;
-  }
-}
-
-std::vector<std::string> sharded_checkpoint_parts(const std::string& checkpoint_path) {
-  const std::string name = fs::path(checkpoint_path).filename().string();
-  std::vector<std::string> parts;
-  for (const std::string& entry : folder_entries(folder_of(checkpoint_path))) {
-    if (checkpoint_of_part(entry) == name) parts.push_back(folder_of(checkpoint_path) + "/" + entry);
-  }
-  std::sort(parts.begin(), parts.end());
-  return parts;
-}
-
-std::string checkpoint_of_part(const std::string& name) {
-  const size_t dot = name.find('.');
-  if (name.rfind("checkpoint-", 0) != 0 || dot == std::string::npos) return "";
-  const std::string rest = name.substr(dot + 1);
-  const auto ends_with = [&](const std::string& tail) {
-    return rest.size() >= tail.size() && rest.compare(rest.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  if (ends_with(".damaged")) return "";  // set aside for a look, with its checkpoint
-  if (rest.rfind("rank-", 0) != 0 && rest.rfind("index.json", 0) != 0) return "";
-  return name.substr(0, dot) + ".safetensors";
-}
-
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint

@@ -1,4 +1,4 @@
-#include "fsdp_full_state.h"
+#include "tandem/fsdp/full_state_view.h"
 
 #include <fmt/format.h>
 #include <torch/optim/adam.h>
@@ -11,14 +11,15 @@
 #include <typeinfo>
 #include <utility>
 
-#include "optimizer_state_fields.h"
+#include "tandem/optim/optimizer_state_fields.h"
 #include "tandem/util/error.h"
 
-namespace tandem::train {
+namespace tandem::fsdp {
 namespace {
 
 using torch::optim::OptimizerParamState;
-using fsdp::FlatUnit;
+using optim::state_tensors;
+using optim::with_state_tensors;
 using OptimizerStates = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 
 // `shard_piece` of every rank, end to end: the unit's padded flat vector.
@@ -104,8 +105,8 @@ void require_fsdp_optimizer(const torch::optim::Optimizer& optimizer, torch::nn:
   }
 }
 
-void shard_optimizer(fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  fsdp::parameter_use_watch::Pause pause;
+void shard_optimizer(ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  parameter_use_watch::Pause pause;
   torch::NoGradGuard no_grad;
   auto& states = optimizer.state();
   std::vector<torch::Tensor>& params = optimizer.param_groups().front().params();
@@ -119,7 +120,7 @@ void shard_optimizer(fsdp::ShardedModel& model, torch::nn::Module& module, torch
   params = shards;
 }
 
-FullStateView::FullStateView(fsdp::ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer)
+FullStateView::FullStateView(ShardedModel& model, torch::nn::Module& module, torch::optim::Optimizer& optimizer)
     : model_(model), optimizer_(optimizer), module_parameters_(unique_parameters(module)) {
   torch::NoGradGuard no_grad;
   // The forward leaves its last unit gathered (an evaluation's until the next forward): every parameter is a
@@ -187,4 +188,4 @@ FullStateView::~FullStateView() {
   optimizer_.param_groups().front().params() = shards;
 }
 
-}  // namespace tandem::train
+}  // namespace tandem::fsdp

@@ -1,22 +1,23 @@
 #pragma once
-// Strategy::kFsdp's sharded checkpoints (sharded_checkpoint.h has the files; docs/checkpoint.md the layout): each
-// rank writes the pieces its shards hold and reads back only the pieces its shards need, on any world size, so
-// no rank gathers the model. A shard is a slice of its unit's flat vector, and so is its per-element optimizer
-// state (fsdp_full_state.h): a parameter's piece in rank r's shard is the overlap of [offset, offset + numel)
-// with [r S, (r + 1) S), and the same overlap of each state field. The padding is not stored; it is zero, as
-// the padding's values and state always are.
+// FSDP's sharded checkpoints (docs/checkpoint.md, "Sharded checkpoints", has the files): each rank writes the
+// pieces its shards hold and reads back only the pieces its shards need, on any world size, so no rank gathers
+// the model. A shard is a slice of its unit's flat vector, and so is its per-element optimizer state
+// (fsdp/full_state_view.h): a parameter's piece in rank r's shard is the overlap of [offset, offset + numel) with
+// [r S, (r + 1) S), and the same overlap of each state field. The padding is not stored; it is zero, as the
+// padding's values and state always are.
 //
 // Memory: a rank holds its shards and, while it reads one unit, the pieces of that unit that overlap its shard
-// (whole pieces, to check their checksums): at most the unit, the largest of which fsdp gathers anyway.
+// (whole pieces, to check their checksums): at most the unit, the largest of which fsdp gathers anyway. They sit
+// in checkpoint/, above fsdp/: a checkpoint format knows fsdp's shards, fsdp knows no checkpoint format.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <string>
 
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/fsdp/sharded_model.h"
-#include "tandem/train/checkpoint.h"
 
-namespace tandem::train {
+namespace tandem::checkpoint {
 
 // Every rank, no communication: this rank's file of the checkpoint at `path`. A parameter that `module` registers
 // under several names (a tied weight) is written under each, as a state dict holds it.
@@ -35,4 +36,4 @@ CheckpointState load_fsdp_sharded_checkpoint(const std::string& path, fsdp::Shar
                                              torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                              ExtraState* extra);
 
-}  // namespace tandem::train
+}  // namespace tandem::checkpoint
