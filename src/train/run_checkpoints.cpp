@@ -1,16 +1,12 @@
-// The Run's checkpoints (train/run.h): continuing from one, and writing one. A full checkpoint is written by rank 0
-// alone, after every rank has sent it what only that rank has: its generators and, with a sharded optimizer, its
-// share of the state. A sharded one (fsdp) is written by every rank, its own shards' file, then completed by
-// rank 0 (fsdp_sharded_state.h).
+// The Run's checkpoints (train/run.h): continuing from one, and writing one. Rank 0 writes the checkpoint file,
+// after every rank has sent it its generators and the strategy has done its part: a sharded optimizer's shares
+// sent to rank 0, FSDP's full state gathered, or each FSDP rank's shards written to a file of its own
+// (train/parallel_strategy.h).
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 
-#include "fsdp_full_state.h"
-#include "fsdp_sharded_state.h"
 #include "run.h"
-#include "sharded_checkpoint.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/train/run_directory.h"
 #include "tandem/util/log.h"
@@ -62,29 +58,15 @@ int64_t resumed_position(const CheckpointState& saved, const CheckpointState& no
 
 }  // namespace
 
-std::vector<torch::Device> Run::rng_devices() const {
-  return dp_model_ ? dp_model_->devices() : std::vector<torch::Device>{options_.device};
-}
-
 void Run::resume_from(const std::string& checkpoint) {
-  // FSDP cuts its shards from a sharded checkpoint's pieces, or loads the full state as DDP does and cuts them
-  // from that (on any world size). DDP gathers a sharded checkpoint's pieces whole.
-  const bool pieces_into_shards = fsdp_model_ && is_sharded_checkpoint(checkpoint);
-  std::optional<FullStateView> full;
-  if (fsdp_model_ && !pieces_into_shards) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  const std::unique_ptr<CheckpointReader> reader = strategy_->restore_from(checkpoint);
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     ExtraState extra;
-    if (pieces_into_shards) {
-      resumed_ = load_fsdp_sharded_checkpoint(checkpoint, fsdp_model_->sharded(), module_, optimizer_, &extra);
-    } else {
-      resumed_ = sharded_ ? load_checkpoint(checkpoint, module_, *sharded_, &extra)
-                          : load_checkpoint(checkpoint, module_, optimizer_, &extra);
-    }
-    if (full) full->commit();
+    resumed_ = reader->read(checkpoint, &extra);
     const CheckpointState now = checkpoint_state(0, {});
     require_same_data(resumed_, now, checkpoint);
     resumed_position_ = resumed_position(resumed_, now);
-    continue_rng_states(resumed_.rng, rank_, options_.seed, rng_devices());
+    continue_rng_states(resumed_.rng, rank_, options_.seed, strategy_->devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
@@ -171,28 +153,14 @@ CheckpointState Run::checkpoint_state(int epoch, const EpochProgress& progress) 
 void Run::write_checkpoint(const CheckpointState& state) {
   if (!options_.checkpoint) return;
   CheckpointState complete = state;
-  complete.rng = rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, rng_devices());
-  if (sharded_) sharded_->consolidate_state_dict(0);
+  complete.rng =
+      rng_at_stop_.cpu.defined() ? rng_at_stop_ : gather_rng_states(communicator_, strategy_->devices());
   const std::string path = checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
-  const bool in_pieces = fsdp_model_ && options_.checkpoint_format == CheckpointFormat::kSharded;
-  // Every rank's pieces are in place before rank 0 writes the file that completes the checkpoint.
-  if (in_pieces) {
-    comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint",
-                           [&] { write_fsdp_shard_file(path, fsdp_model_->sharded(), module_, optimizer_); });
-  }
-  // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
-  std::optional<FullStateView> full;
-  if (fsdp_model_ && !in_pieces) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  const std::unique_ptr<CheckpointWriter> writer = strategy_->prepare_checkpoint(path);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : ExtraState{};
-    if (in_pieces) {
-      write_fsdp_checkpoint_file(path, fsdp_model_->sharded(), module_, optimizer_, complete, extra);
-    } else if (sharded_) {
-      save_checkpoint(path, module_, *sharded_, complete, extra);
-    } else {
-      save_checkpoint(path, module_, optimizer_, complete, extra);
-    }
+    writer->write(path, complete, extra);
     prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
   });
 }
