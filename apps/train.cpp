@@ -78,11 +78,6 @@ struct TrainFlags {
   CLI::Option* timeline_steps_flag = nullptr;  // --timeline
 };
 
-train::Strategy parse_strategy(const std::string& name) {
-  if (name == "dp") return train::Strategy::kDataParallel;
-  return name == "fsdp" ? train::Strategy::kFsdp : train::Strategy::kDdp;
-}
-
 // The refusals that depend on which flags were given, not only on their values.
 void check_given_flags(TrainFlags& flags) {
   const train::LoopOptions& loop = flags.options.loop;
@@ -112,7 +107,7 @@ void check_given_flags(TrainFlags& flags) {
     throw InvalidArgument("--check-replicas-every compares whole replicas, and --strategy fsdp's ranks hold "
                           "different shards of the model: drop --check-replicas-every");
   }
-  flags.options.loop.check_replicas_every = 0;
+  flags.options.loop.ddp.check_replicas_every = 0;
 }
 
 // OMP_NUM_THREADS where it is set to a number (as torchrun sets it), else 0. Held to --threads' range: a pool of
@@ -153,7 +148,7 @@ int run_train(TrainFlags& flags) {
   loop.report = !flags.no_report;
   loop.timeline_steps = monitor::parse_step_window(flags.timeline_steps);
   loop.precision = amp::parse_precision(flags.precision);
-  loop.strategy = parse_strategy(flags.strategy);
+  loop.strategy = train::parse_strategy(flags.strategy);
   loop.checkpoint_format = checkpoint::parse_checkpoint_format(flags.checkpoint_format);
   check_given_flags(flags);
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
@@ -221,7 +216,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest this many checkpoints in the run dir (0: all)")->capture_default_str()->check(at_least<int>(0));
   command.add_option("--checkpoint-format", flags->checkpoint_format, "full (one file, the whole state gathered and written by rank 0) or sharded (--strategy fsdp: each rank writes its own shards' file, rank 0 an index; no rank gathers the model); either continues on any world size, and a ddp run continues a sharded one too")->capture_default_str()->check(CLI::IsMember({"full", "sharded"}));
-  flags->check_replicas_every = command.add_option("--check-replicas-every", o.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never; not with --strategy fsdp)")->capture_default_str()->check(at_least<int64_t>(0));
+  flags->check_replicas_every = command.add_option("--check-replicas-every", o.ddp.check_replicas_every, "compare the ranks' weights every this many steps and stop if they differ (0: never; not with --strategy fsdp)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--device", flags->init.device, "cpu, cuda (GPU LOCAL_RANK) or auto (cuda where a GPU is visible)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   command.add_option("--precision", flags->precision, "32, bf16-mixed (autocast to bfloat16) or 16-mixed (float16 with loss scaling); weights stay float32 (--strategy fsdp: the shards stay float32 and the gathered copies it computes on are bfloat16 or float16)")->capture_default_str()->check(CLI::IsMember({"32", "bf16-mixed", "16-mixed"}));
   command.add_option("--strategy", flags->strategy, "ddp (DistributedDataParallel: one process per device, under tandem run), dp (DataParallel: one process, the model replicated in threads; --batch-size is then the whole batch) or fsdp (fully sharded: one process per device, each rank holding 1/world of the parameters, gradients and SGD state, each child module of the model a unit; checkpoints hold the full state unless --checkpoint-format sharded; with --precision bf16-mixed or 16-mixed it computes on bfloat16 or float16 parameters gathered from float32 shards and reduces gradients in float32)")->capture_default_str()->check(CLI::IsMember({"ddp", "dp", "fsdp"}));

@@ -108,7 +108,7 @@ std::string describe(const TrainingProgramOptions& program, const data::DataFold
   // A run dir that holds a checkpoint is continued with or without --resume: the line says what happens.
   line("resume", checkpoint.empty() ? "no (a new run)" : "from " + checkpoint);
   line("uneven inputs", o.uneven_inputs ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
-  line("check replicas", o.check_replicas_every > 0 ? fmt::format("every {} steps", o.check_replicas_every) : "no");
+  line("check replicas", o.ddp.check_replicas_every > 0 ? fmt::format("every {} steps", o.ddp.check_replicas_every) : "no");
   line("checkpoints", !o.checkpoint ? "none"
                       : fmt::format("{}at epoch ends{}; the newest {} kept",
                                     o.checkpoint_format == checkpoint::CheckpointFormat::kSharded ? "sharded, " : "",

@@ -90,9 +90,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 };
 
 comm::CommunicatorPtr resolve_communicator(const comm::CommunicatorPtr& explicit_communicator) {
-  if (explicit_communicator) return explicit_communicator;
-  if (tandem::is_initialized()) return tandem::default_group().communicator_ptr();
-  return nullptr;  // a world of one
+  // Null without a default group: a world of one.
+  return explicit_communicator ? explicit_communicator : tandem::default_communicator();
 }
 
 template <typename BatchNormImplType>

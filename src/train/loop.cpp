@@ -1,18 +1,15 @@
-// The training loop (train/loop.h): a Run's start, its epochs and its optimizer steps, top to bottom. The stages
-// around them live beside it: checkpoints in run_checkpoints.cpp, evaluation in run_evaluation.cpp, the run dir
-// in run_start.cpp, the loaders in training_loaders.cpp, each step's all-reduce in step_statistics.cpp
-// (docs/loop.md).
+// The training loop (train/loop.h): a Run's course, its epochs and its optimizer steps, top to bottom. The stages
+// around them live beside it: its set-up in run_setup.cpp, checkpoints in run_checkpoints.cpp, evaluation in
+// run_evaluation.cpp, the run dir in run_start.cpp, the loaders in training_loaders.cpp, each step's all-reduce in
+// step_statistics.cpp, the model's strategy in strategies.cpp (docs/loop.md).
 #include "tandem/train/loop.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -23,10 +20,6 @@
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/data_agreement.h"
 #include "tandem/ddp/join.h"
-#include "tandem/ddp/named_comm_hook.h"
-#include "tandem/ddp/no_sync_guard.h"
-#include "tandem/fsdp/full_state_view.h"
-#include "tandem/fsdp/unused_parameters.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
@@ -38,84 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-amp::GradScalerOptions scaler_options(const LoopOptions& options) {
-  amp::GradScalerOptions scaler = options.grad_scaler;
-  scaler.enabled = amp::uses_loss_scaling(options.precision);
-  return scaler;
-}
-
-int world_size_of(const comm::CommunicatorPtr& communicator) { return communicator ? communicator->world_size() : 1; }
-
-// LibTorch's Module::parameters() lists a tensor registered in two modules (a tied weight) under each of its
-// names, where PyTorch's lists it once: an optimizer built over it would step that tensor twice a step, and its
-// archive, holding the tensor twice, loads back a null state for it (a crash in the next step after a resume).
-void require_each_tensor_once(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
-  std::map<const void*, std::vector<std::string>> names;
-  for (const auto& item : module.named_parameters()) names[item.value().unsafeGetTensorImpl()].push_back(item.key());
-  std::set<const void*> held;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& parameter : group.params()) {
-      if (held.insert(parameter.unsafeGetTensorImpl()).second) continue;
-      const std::vector<std::string>& its = names[parameter.unsafeGetTensorImpl()];
-      throw InvalidArgument(fmt::format(
-          "the optimizer holds {} twice{}: build the optimizer over each tensor once (Module::parameters() lists "
-          "a tensor registered in two modules, a tied weight, under each of its names)",
-          its.empty() ? "a tensor" : fmt::format("the model's '{}'", its.front()),
-          its.size() < 2 ? "" : fmt::format(" (it is '{}' too)", fmt::join(its.begin() + 1, its.end(), "', '"))));
-    }
-  }
-}
-
-// Checked before any member is built from them: the schedule and the scaler take the options as valid.
-const LoopOptions& validated(const LoopOptions& options, int world_size) {
-  validate(options, world_size);
-  return options;
-}
-
 }  // namespace
-
-Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
-         nn::ModelHolder model, torch::optim::Optimizer& optimizer, optim::ZeroRedundancyOptimizer* sharded,
-         std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set)
-    : options_(validated(options, world_size_of(communicator))),
-      callbacks_(callbacks),
-      communicator_ptr_(std::move(communicator)),
-      communicator_(communicator_ptr_.get()),
-      rank_(communicator_ ? communicator_->rank() : 0),
-      world_(world_size_of(communicator_ptr_)),
-      is_main_(rank_ == 0),
-      model_(std::move(model)),
-      module_(*model_),
-      optimizer_(optimizer),
-      sharded_(sharded),
-      train_set_(std::move(train_set)),
-      eval_set_(std::move(eval_set)),
-      initial_batch_size_(options_.batch_size),
-      initial_accumulate_batches_(options_.accumulate_batches),
-      schedule_(1.0, options.lrf, options.epochs, options.warmup_steps),
-      autocast_dtype_(amp::autocast_dtype(options.precision)),
-      scaler_(scaler_options(options), communicator_ptr_) {
-  if (!train_set_) throw InvalidArgument("Loop::fit needs a training set");
-  // An evaluation set of no samples (an image folder split with a val_split of 0) has no accuracy to give: the
-  // run trains as one without an evaluation set, and says so once, rather than report 0 correct of 0 each epoch.
-  if (eval_set_ && eval_set_->size() == 0) {
-    log::main_info("the evaluation set holds no samples: the epochs report their training loss only");
-    eval_set_.reset();
-  }
-  for (auto& group : optimizer_.param_groups()) user_lrs_.push_back(group.options().get_lr());
-  if (user_lrs_.empty()) throw InvalidArgument("the optimizer holds no parameters");
-  require_each_tensor_once(optimizer_, module_);
-  scale_base_lrs();
-  if (autocast_dtype_) amp::require_autocast(options_.device, *autocast_dtype_);
-  if (options_.uneven_inputs) ddp::Join::require_joinable(module_);
-}
-
-// The schedule wrote scaled and decayed rates into the optimizer; the user's own come back, so that another
-// fit() on the same optimizer starts from them instead of compounding the scaling.
-Run::~Run() {
-  auto& groups = optimizer_.param_groups();
-  for (size_t g = 0; g < groups.size() && g < user_lrs_.size(); ++g) groups[g].options().set_lr(user_lrs_[g]);
-}
 
 TrainResult Run::execute() {
   const RunStart start = start_run(options_, communicator_);
@@ -153,68 +69,10 @@ TrainResult Run::execute() {
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
   if (run_timeline_) run_timeline_->finish(step_);
-  if (fsdp_model_) unshard_model();
+  strategy_->unwrap();
   if (options_.report) write_report();
   result.steps = step_;
   return result;
-}
-
-// Onto the rank's device before DDP forms its buckets next to the gradients (Module::to moves the parameters'
-// data in place, so the optimizer's references stay valid), then into DDP, DataParallel or FSDP; under FSDP the
-// optimizer steps the shards from here to the run's end.
-void Run::wrap_model() {
-  module_.to(options_.device);
-  if (options_.strategy == Strategy::kDataParallel) {
-    dp_model_ = std::make_unique<dp::DataParallel>(model_, dp::DataParallelOptions{
-        options_.dp_devices.empty() ? dp::replica_devices(options_.device, 0) : options_.dp_devices, {}});
-    return;
-  }
-  if (options_.strategy == Strategy::kFsdp) {
-    fsdp::require_fsdp_optimizer(optimizer_, module_);
-    fsdp::FsdpOptions fsdp_options = options_.fsdp;
-    // bf16-mixed and 16-mixed compute on bfloat16 and float16 parameters gathered from float32 shards; gradients
-    // are reduced in float32, so the ranks' sum rounds no further than DDP's (docs/fsdp.md, "Mixed precision").
-    // Autocast (in_precision) still runs around the forward, for the losses and norms it keeps in float32.
-    if (autocast_dtype_) {
-      fsdp_options.mixed_precision.param_dtype = *autocast_dtype_;
-      fsdp_options.mixed_precision.reduce_dtype = torch::kFloat32;
-    }
-    fsdp_model_ = std::make_unique<fsdp::FullyShardedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_,
-                                                                                     fsdp_options);
-    fsdp::shard_optimizer(fsdp_model_->sharded(), module_, optimizer_);
-    return;
-  }
-  if (communicator_ && world_ > 1) ddp::require_backend_reduces(options_.comm_hook, *communicator_);
-  ddp::DdpOptions ddp_options;
-  ddp_options.check_replicas_every = options_.check_replicas_every;
-  ddp_options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
-  ddp_options.comm_hook = ddp::make_comm_hook(options_.comm_hook, options_.powersgd);
-  ddp_model_ = std::make_unique<ddp::DistributedDataParallel<nn::ModelHolder>>(model_, communicator_ptr_, ddp_options);
-}
-
-// The caller gets its model and optimizer back as DDP leaves them: full parameters (the same on every rank), and
-// the optimizer over them with the whole state.
-void Run::unshard_model() {
-  fsdp::FullStateView(fsdp_model_->sharded(), module_, optimizer_).keep();
-  fsdp_model_.reset();
-}
-
-// Rank 0's records, the timeline and the progress bar.
-void Run::open_records(int64_t batches_per_epoch) {
-  comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
-    if (is_main_) {
-      records_ = std::make_unique<RunRecorder>(options_.run_dir, resumed_.epoch, resumed_.step,
-                                              RunRecorderOptions{options_.tensorboard, eval_set_ != nullptr});
-    }
-  });
-  if (!options_.timeline_path.empty()) {
-    run_timeline_ = std::make_unique<RunTimeline>(options_.timeline_path, options_.timeline_steps, options_.run_dir,
-                                                  communicator_, ddp_model_ ? &ddp_model_->reducer() : nullptr);
-    timeline_ = run_timeline_->timeline();
-  }
-  ProgressOptions progress_options;
-  progress_options.enabled = is_main_ && options_.progress;
-  progress_ = std::make_unique<ProgressReporter>(batches_per_epoch, options_.batch_size * world_, progress_options);
 }
 
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
@@ -222,7 +80,7 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   if (callbacks_.on_epoch_start) {
     comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] {
       callbacks_.on_epoch_start(epoch);
-      refuse_placeholder_reads();
+      strategy_->after_user_code();
     });
   }
   // Inside a resumed epoch the loader starts where the checkpoint's batches reach in the epoch's order, on this
@@ -244,8 +102,7 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   };
   // This rank's batches: under uneven inputs fewer than rank 0's on some ranks, which then shadow the rest.
   const int64_t batches_here = train_loader_->num_batches();
-  std::optional<ddp::Join> join;
-  if (options_.uneven_inputs && ddp_model_) join.emplace(*ddp_model_);
+  const std::unique_ptr<ddp::Join> join = strategy_->join_uneven_inputs();
   std::vector<data::Batch> step_batches;
   while (std::optional<data::Batch> batch = train_loader_->next()) {
     step_batches.push_back(std::move(*batch));
@@ -274,7 +131,7 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
   // generators after evaluation and on_epoch_end, as at every epoch end.
   if (stop_ && progress.steps < progress.steps_in_epoch) {
-    rng_at_stop_ = checkpoint::gather_rng_states(communicator_, rng_devices());
+    rng_at_stop_ = checkpoint::gather_rng_states(communicator_, strategy_->devices());
   }
   progress.seconds = seconds_so_far();
   progress_->end_epoch();
@@ -303,15 +160,12 @@ StepStatistics Run::train_step(int epoch, int64_t batch_index, const std::vector
   int64_t samples = 0;
   for (int64_t i = 0; i < count; ++i) {
     const data::Batch& batch = batches[static_cast<size_t>(i)];
-    std::optional<ddp::NoSyncGuard> local_only;
-    std::optional<fsdp::NoSyncGuard> shards_local_only;
-    if (ddp_model_ && i + 1 < count) local_only.emplace(ddp_model_->reducer());
-    if (fsdp_model_ && i + 1 < count) shards_local_only.emplace(fsdp_model_->no_sync());
+    const std::unique_ptr<LocalAccumulation> local_only = i + 1 < count ? strategy_->accumulate_locally() : nullptr;
     torch::Tensor loss;
     {
       monitor::TimelineSpan span(timeline_, monitor::SpanKind::kForward);
       loss = in_precision([&] {
-        torch::Tensor output = forward_for_training(batch.data);
+        torch::Tensor output = strategy_->forward(batch.data);
         // Every sample of this rank's batch was unreadable (--skip-bad-images): a zero loss still runs backward,
         // so this rank joins the gradient all-reduce like the others (a mean over no rows would be NaN).
         return batch.size() > 0 ? options_.loss(output, batch.target) : output.sum() * 0.0;
@@ -357,11 +211,7 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
   bool stepped = false;
   {
     monitor::TimelineSpan span(timeline_, monitor::SpanKind::kOptimizer);
-    if (fsdp_model_) {
-      fsdp::step_leaving_unused(fsdp_model_->sharded(), optimizer_, [&] { stepped = scaler_.step(optimizer_); });
-    } else {
-      stepped = scaler_.step(optimizer_);
-    }
+    stepped = strategy_->step([&] { return scaler_.step(optimizer_); });
     scaler_.update();
   }
   ++step_;
@@ -376,19 +226,8 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
   if (run_timeline_) run_timeline_->after_step(step_);
   if (callbacks_.on_step) {
     callbacks_.on_step({epoch, batch_index, step_, mean_loss, lr, stepped, scaler_.get_scale()});
-    refuse_placeholder_reads();
+    strategy_->after_user_code();
   }
-}
-
-void Run::refuse_placeholder_reads() {
-  if (fsdp_model_) fsdp_model_->sharded().rethrow_failure();
-}
-
-torch::Tensor Run::forward_for_training(const torch::Tensor& x) {
-  if (fsdp_model_) return fsdp_model_->forward(x);
-  if (!dp_model_) return ddp_model_->forward(x);
-  // DataParallel splits the rows; a batch of none (every image unreadable) goes through the model itself.
-  return x.size(0) > 0 ? dp_model_->forward(x) : model_.forward(x);
 }
 
 // A step's global batch (every rank's batches of the step) over the per-rank step batch the run started with.
@@ -419,7 +258,7 @@ Loop::Loop(LoopOptions options, comm::CommunicatorPtr communicator)
 
 comm::CommunicatorPtr Loop::resolve_group() const {
   if (!use_default_group_) return communicator_;
-  if (is_initialized()) return default_group().communicator_ptr();
+  if (comm::CommunicatorPtr group = default_communicator()) return group;
   // Under a launcher each process would otherwise train alone as rank 0, all of them into one run dir.
   const char* world_size = std::getenv("WORLD_SIZE");
   if (world_size && std::atoi(world_size) > 1) {
@@ -432,17 +271,20 @@ comm::CommunicatorPtr Loop::resolve_group() const {
 
 TrainResult Loop::fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
                       std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
-  return run(std::move(model), optimizer, nullptr, std::move(train_set), std::move(eval_set));
+  return fit(make_parallel_strategy(options_), std::move(model), optimizer, std::move(train_set), std::move(eval_set));
 }
 
 TrainResult Loop::fit(nn::ModelHolder model, optim::ZeroRedundancyOptimizer& optimizer,
                       std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
-  return run(std::move(model), optimizer, &optimizer, std::move(train_set), std::move(eval_set));
+  return fit(make_parallel_strategy(options_, &optimizer), std::move(model), optimizer, std::move(train_set),
+             std::move(eval_set));
 }
 
-TrainResult Loop::run(nn::ModelHolder model, torch::optim::Optimizer& optimizer, optim::ZeroRedundancyOptimizer* sharded,
-                      std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
-  Run run(options_, callbacks_, resolve_group(), std::move(model), optimizer, sharded, std::move(train_set),
+TrainResult Loop::fit(std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolder model,
+                      torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+                      std::shared_ptr<const data::Dataset> eval_set) {
+  if (!strategy) throw InvalidArgument("Loop::fit was given a null strategy");
+  Run run(options_, callbacks_, resolve_group(), std::move(strategy), std::move(model), optimizer, std::move(train_set),
           std::move(eval_set));
   return run.execute();
 }

@@ -1,8 +1,9 @@
 #pragma once
-// One call of Loop::fit (train/loop.h): the model wrapped for the run, its loaders and writers, and where
-// training stands. Its stages live in files of their own: the epoch and step loop in loop.cpp, continuing from
-// and writing checkpoints in run_checkpoints.cpp, evaluation and the epoch's records in run_evaluation.cpp.
-// docs/loop.md follows a run through them, with the collectives each stage runs.
+// One call of Loop::fit (train/loop.h): the model wrapped for the run by its strategy (train/parallel_strategy.h),
+// its loaders and writers, and where training stands. Its stages live in files of their own: the set-up in
+// run_setup.cpp, the epoch and step loop in loop.cpp, continuing from and writing checkpoints in
+// run_checkpoints.cpp, evaluation and the epoch's records in run_evaluation.cpp. docs/loop.md follows a run
+// through them, with the collectives each stage runs.
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -13,12 +14,9 @@
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/data/batch_loader.h"
-#include "tandem/ddp/distributed_data_parallel.h"
-#include "tandem/dp/data_parallel.h"
-#include "tandem/fsdp/fully_sharded_data_parallel.h"
-#include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/loop.h"
 #include "tandem/train/lr_schedule.h"
+#include "tandem/train/parallel_strategy.h"
 #include "tandem/train/progress.h"
 #include "tandem/train/run_recorder.h"
 #include "tandem/train/run_timeline.h"
@@ -41,9 +39,9 @@ struct EpochProgress {
 
 class Run {
  public:
-  // `sharded` is `optimizer` when it shards its state among the ranks (Loop::fit's overload for it), else null.
+  // `strategy` is still to wrap the model: the run does so once its run dir is chosen.
   Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
-      nn::ModelHolder model, torch::optim::Optimizer& optimizer, optim::ZeroRedundancyOptimizer* sharded,
+      std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolder model, torch::optim::Optimizer& optimizer,
       std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
   ~Run();
   Run(const Run&) = delete;
@@ -52,17 +50,13 @@ class Run {
   TrainResult execute();
 
  private:
-  // loop.cpp: the set-up, the epoch and the step.
+  // run_setup.cpp: the model wrapped, and the records opened.
   void wrap_model();
-  // Strategy::kFsdp, at the run's end: the model's parameters and the optimizer full again (collective).
-  void unshard_model();
   void open_records(int64_t batches_per_epoch);
+
+  // loop.cpp: the epoch and the step.
   EpochProgress train_epoch(int epoch, EpochProgress progress);
   StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
-  torch::Tensor forward_for_training(const torch::Tensor& x);
-  // After a callback: under fsdp, one that read the model's own tensors read placeholders (zeros), and this
-  // throws fsdp's line about it at once.
-  void refuse_placeholder_reads();
   StepStatistics shadow_step(int epoch, int64_t batch_index);
   void complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
                      std::chrono::steady_clock::time_point start);
@@ -86,8 +80,6 @@ class Run {
   void continue_layout();
   checkpoint::CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const checkpoint::CheckpointState& state);
-  // The devices whose generators a checkpoint holds: every DataParallel replica's, else the rank's own.
-  std::vector<torch::Device> rng_devices() const;
 
   // run_evaluation.cpp: the end of an epoch, and of the run.
   EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress);
@@ -102,7 +94,6 @@ class Run {
   nn::ModelHolder model_;
   torch::nn::Module& module_;
   torch::optim::Optimizer& optimizer_;
-  optim::ZeroRedundancyOptimizer* sharded_;
   std::shared_ptr<const data::Dataset> train_set_, eval_set_;
   std::vector<double> user_lrs_;  // per param group, as fit() found them
   std::vector<double> base_lrs_;  // per param group, scaled by the global batch
@@ -112,9 +103,7 @@ class Run {
   std::optional<torch::ScalarType> autocast_dtype_;
   amp::GradScaler scaler_;        // disabled unless the precision scales the loss
 
-  std::unique_ptr<ddp::DistributedDataParallel<nn::ModelHolder>> ddp_model_;  // Strategy::kDdp
-  std::unique_ptr<dp::DataParallel> dp_model_;                                 // Strategy::kDataParallel
-  std::unique_ptr<fsdp::FullyShardedDataParallel<nn::ModelHolder>> fsdp_model_;  // Strategy::kFsdp
+  std::unique_ptr<ParallelStrategy> strategy_;  // the model wrapped, from wrap_model() on
   std::unique_ptr<data::BatchLoader> train_loader_, eval_loader_;
   std::unique_ptr<RunRecorder> records_;  // rank 0's
   std::unique_ptr<RunTimeline> run_timeline_;

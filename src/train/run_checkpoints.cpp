@@ -1,17 +1,14 @@
-// The Run's checkpoints (train/run.h): continuing from one, and writing one. A full checkpoint is written by rank 0
-// alone, after every rank has sent it what only that rank has: its generators and, with a sharded optimizer, its
-// share of the state. A sharded one (fsdp) is written by every rank, its own shards' file, then completed by
-// rank 0 (checkpoint/fsdp_sharded_checkpoint.h).
+// The Run's checkpoints (train/run.h): continuing from one, and writing one. Rank 0 writes the checkpoint file,
+// after every rank has sent it its generators and the strategy has done its part: a sharded optimizer's shares
+// sent to rank 0, FSDP's full state gathered, or each FSDP rank's shards written to a file of its own
+// (train/parallel_strategy.h).
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "run.h"
 #include "tandem/checkpoint/checkpoint_folder.h"
-#include "tandem/checkpoint/fsdp_sharded_checkpoint.h"
 #include "tandem/comm/rank_agreement.h"
-#include "tandem/fsdp/full_state_view.h"
 #include "tandem/util/log.h"
 
 namespace tandem::train {
@@ -62,31 +59,15 @@ int64_t resumed_position(const checkpoint::CheckpointState& saved, const checkpo
 
 }  // namespace
 
-std::vector<torch::Device> Run::rng_devices() const {
-  return dp_model_ ? dp_model_->devices() : std::vector<torch::Device>{options_.device};
-}
-
 void Run::resume_from(const std::string& checkpoint) {
-  // FSDP cuts its shards from a sharded checkpoint's pieces, or loads the full state as DDP does and cuts them
-  // from that (on any world size). DDP gathers a sharded checkpoint's pieces whole.
-  const bool pieces_into_shards =
-      fsdp_model_ && checkpoint::stored_format(checkpoint) == checkpoint::StoredFormat::kSharded;
-  std::optional<fsdp::FullStateView> full;
-  if (fsdp_model_ && !pieces_into_shards) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  const std::unique_ptr<CheckpointReader> reader = strategy_->restore_from(checkpoint);
   comm::run_on_all_ranks(communicator_, "to load the checkpoint", [&] {
     checkpoint::ExtraState extra;
-    if (pieces_into_shards) {
-      resumed_ =
-          checkpoint::load_fsdp_sharded_checkpoint(checkpoint, fsdp_model_->sharded(), module_, optimizer_, &extra);
-    } else {
-      resumed_ = sharded_ ? checkpoint::load_checkpoint(checkpoint, module_, *sharded_, &extra)
-                          : checkpoint::load_checkpoint(checkpoint, module_, optimizer_, &extra);
-    }
-    if (full) full->commit();
+    resumed_ = reader->read(checkpoint, &extra);
     const checkpoint::CheckpointState now = checkpoint_state(0, {});
     require_same_data(resumed_, now, checkpoint);
     resumed_position_ = resumed_position(resumed_, now);
-    checkpoint::continue_rng_states(resumed_.rng, rank_, options_.seed, rng_devices());
+    checkpoint::continue_rng_states(resumed_.rng, rank_, options_.seed, strategy_->devices());
     if (scaler_.is_enabled() && resumed_.grad_scaler) scaler_.load_state_dict(*resumed_.grad_scaler);
     if (callbacks_.load_extra) callbacks_.load_extra(extra);
   });
@@ -174,29 +155,13 @@ void Run::write_checkpoint(const checkpoint::CheckpointState& state) {
   if (!options_.checkpoint) return;
   checkpoint::CheckpointState complete = state;
   complete.rng =
-      rng_at_stop_.cpu.defined() ? rng_at_stop_ : checkpoint::gather_rng_states(communicator_, rng_devices());
-  if (sharded_) sharded_->consolidate_state_dict(0);
+      rng_at_stop_.cpu.defined() ? rng_at_stop_ : checkpoint::gather_rng_states(communicator_, strategy_->devices());
   const std::string path = checkpoint::checkpoint_path(options_.run_dir, state.epoch, state.batches_done);
-  const bool in_pieces = fsdp_model_ && options_.checkpoint_format == checkpoint::CheckpointFormat::kSharded;
-  // Every rank's pieces are in place before rank 0 writes the file that completes the checkpoint.
-  if (in_pieces) {
-    comm::run_on_all_ranks(communicator_, "to write its shards of the checkpoint", [&] {
-      checkpoint::write_fsdp_shard_file(path, fsdp_model_->sharded(), module_, optimizer_);
-    });
-  }
-  // FSDP's full state, gathered on every rank (docs/fsdp.md): what DDP's checkpoint holds.
-  std::optional<fsdp::FullStateView> full;
-  if (fsdp_model_ && !in_pieces) full.emplace(fsdp_model_->sharded(), module_, optimizer_);
+  const std::unique_ptr<CheckpointWriter> writer = strategy_->prepare_checkpoint(path);
   comm::run_on_all_ranks(communicator_, "to write the checkpoint", [&] {
     if (!is_main_) return;
     const checkpoint::ExtraState extra = callbacks_.save_extra ? callbacks_.save_extra() : checkpoint::ExtraState{};
-    if (in_pieces) {
-      checkpoint::write_fsdp_checkpoint_file(path, fsdp_model_->sharded(), module_, optimizer_, complete, extra);
-    } else if (sharded_) {
-      checkpoint::save_checkpoint(path, module_, *sharded_, complete, extra);
-    } else {
-      checkpoint::save_checkpoint(path, module_, optimizer_, complete, extra);
-    }
+    writer->write(path, complete, extra);
     checkpoint::prune_checkpoints(options_.run_dir, options_.keep_checkpoints);
   });
 }

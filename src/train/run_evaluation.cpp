@@ -23,18 +23,11 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   m.train_seconds = seconds.item<double>();
   m.samples_per_second = m.train_seconds > 0 ? progress.samples / m.train_seconds : 0.0;
   m.step = step_;
-  // Each rank's buffers (BatchNorm's running statistics) moved with its own last batch, after that step's
-  // broadcast: every rank takes rank 0's, so that what is evaluated is what the checkpoint saves. Uneven inputs
-  // ended in Join, which already gave every rank the replica of the last rank to train.
-  if (ddp_model_ && world_ > 1 && !options_.uneven_inputs && !module_.buffers().empty()) {
-    ddp_model_->reducer().copy_replica_from(0);
-  }
+  strategy_->before_evaluation();
   if (eval_loader_) {
-    // The bare model: its weights are identical on every rank, and DDP has no gradients to reduce here. FSDP's
-    // forward gathers each unit's parameters (every rank runs as many forwards, evaluate() sees to it).
     module_.eval();
     const auto forward = [&](const torch::Tensor& x) {
-      return in_precision([&] { return fsdp_model_ ? fsdp_model_->forward(x) : model_.forward(x); });
+      return in_precision([&] { return strategy_->evaluation_forward(x); });
     };
     const EvalCounts counts = evaluate(forward, *eval_loader_, epoch, communicator_);
     m.accuracy = counts.accuracy();
@@ -51,7 +44,7 @@ EpochMetrics Run::evaluate_epoch(int epoch, const EpochProgress& progress) {
   if (callbacks_.on_epoch_end) {
     comm::run_on_all_ranks(communicator_, "in on_epoch_end", [&] {
       callbacks_.on_epoch_end(m);
-      refuse_placeholder_reads();
+      strategy_->after_user_code();
     });
   }
   return m;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/optimizer_cases.h"
+#include "support/small_loop_runs.h"
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
 #include "tandem/train/loop.h"
@@ -22,11 +23,6 @@ namespace {
 
 using testing::OptimizerCase;
 
-torch::nn::Sequential make_net(uint64_t seed) {
-  torch::manual_seed(seed);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2));
-}
-
 struct RankOutcome {
   std::vector<torch::Tensor> weights;
   bool optimizer_holds_the_model = false;  // its one group is the model's parameters, each with state
@@ -35,19 +31,12 @@ struct RankOutcome {
 // Three epochs of 6 steps on 2 thread ranks; `stop_after` > 0 stops there (a checkpoint inside an epoch).
 std::vector<RankOutcome> fit_on_two_ranks(const OptimizerCase& kind, Strategy strategy, const std::string& run_dir,
                                           uint64_t init_seed, int64_t stop_after) {
-  std::vector<torch::nn::Sequential> nets{make_net(init_seed), make_net(init_seed + 1)};
+  std::vector<torch::nn::Sequential> nets{testing::small_classifier(init_seed), testing::small_classifier(init_seed + 1)};
   auto train_set = testing::separable_set(96, 7), test_set = testing::separable_set(20, 8);
   std::vector<RankOutcome> outcomes(2);
   testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
     auto optimizer = kind.make(nets[rank]);
-    LoopOptions options;
-    options.epochs = 3;
-    options.batch_size = 8;
-    options.run_dir = run_dir;
-    options.progress = false;
-    options.max_steps = stop_after;
-    options.strategy = strategy;
-    Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
+    Loop loop(testing::small_loop_options(strategy, run_dir, stop_after), testing::borrowed(communicator));
     loop.fit(nets[rank], *optimizer, train_set, test_set);
     RankOutcome& outcome = outcomes[rank];
     const auto parameters = nets[rank]->parameters();
@@ -101,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, FsdpLoop, ::testing::ValuesIn(testing::stat
 
 // Another optimizer kind is one line naming the kinds it takes, before anything is sharded.
 TEST(FsdpLoop, OptimizerWhoseStateItCannotCutIsRefused) {
-  std::vector<torch::nn::Sequential> nets{make_net(1), make_net(1)};
+  std::vector<torch::nn::Sequential> nets{testing::small_classifier(1), testing::small_classifier(1)};
   auto train_set = testing::separable_set(32, 7);
   testing::run_thread_ranks(2, [&](int rank, comm::Communicator& communicator) {
     torch::optim::Adagrad optimizer(nets[rank]->parameters(), torch::optim::AdagradOptions(0.1));
@@ -125,7 +114,7 @@ TEST(FsdpLoop, OptimizerWhoseStateItCannotCutIsRefused) {
 
 // LoopOptions::fsdp is the wrapper's own options, but its dtypes are `precision`'s: one setting, in one place.
 TEST(FsdpLoop, MixedPrecisionDtypesSetBesidePrecisionAreRefused) {
-  torch::nn::Sequential net = make_net(1);
+  torch::nn::Sequential net = testing::small_classifier(1);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
   LoopOptions options;
   options.run_dir = testing::make_temp_dir("fsdp_loop_dtypes");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/optimizer_cases.h"
+#include "support/small_loop_runs.h"
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
 #include "tandem/checkpoint/safetensors.h"
@@ -35,35 +36,22 @@ struct Layout {
   checkpoint::CheckpointFormat format = checkpoint::CheckpointFormat::kSharded;
 };
 
-// Three epochs, batch 8 per rank, into `run_dir`; `stop_after` > 0 stops there.
+// The shared small run (support/small_loop_runs.h) in `layout`'s format; `stop_after` > 0 stops there.
 LoopOptions options_of(const Layout& layout, const std::string& run_dir, int64_t stop_after) {
-  LoopOptions options;
-  options.epochs = 3;
-  options.batch_size = 8;
-  options.run_dir = run_dir;
-  options.progress = false;
-  options.max_steps = stop_after;
-  options.strategy = layout.strategy;
+  LoopOptions options = testing::small_loop_options(layout.strategy, run_dir, stop_after);
   options.checkpoint_format = layout.format;
   return options;
-}
-
-comm::CommunicatorPtr borrowed(comm::Communicator& communicator) {
-  return comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {});
 }
 
 // 96 samples; `stop_after` > 0 stops there. Returns rank 0's final weights.
 std::vector<torch::Tensor> fit(const OptimizerCase& kind, Layout layout, const std::string& run_dir, uint64_t seed,
                                int64_t stop_after) {
   std::vector<torch::nn::Sequential> nets;
-  for (int rank = 0; rank < layout.world; ++rank) {
-    torch::manual_seed(seed + rank);
-    nets.push_back(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2)));
-  }
+  for (int rank = 0; rank < layout.world; ++rank) nets.push_back(testing::small_classifier(seed + rank));
   auto train_set = testing::separable_set(96, 7), test_set = testing::separable_set(20, 8);
   testing::run_thread_ranks(layout.world, [&](int rank, comm::Communicator& communicator) {
     auto optimizer = kind.make(nets[rank]);
-    Loop(options_of(layout, run_dir, stop_after), borrowed(communicator)).fit(nets[rank], *optimizer, train_set, test_set);
+    Loop(options_of(layout, run_dir, stop_after), testing::borrowed(communicator)).fit(nets[rank], *optimizer, train_set, test_set);
   });
   std::vector<torch::Tensor> weights;
   for (const auto& p : nets[0]->parameters()) weights.push_back(p.detach().clone());
@@ -129,7 +117,7 @@ std::vector<std::string> units_cut(const fsdp::UnitPolicy& units, const std::str
     torch::optim::SGD optimizer(nets[rank]->parameters(), torch::optim::SGDOptions(0.1));
     LoopOptions options = options_of(Layout{}, run_dir, 1);
     options.fsdp.units = units;
-    Loop(options, borrowed(communicator)).fit(nets[rank], optimizer, train_set, nullptr);
+    Loop(options, testing::borrowed(communicator)).fit(nets[rank], optimizer, train_set, nullptr);
   });
   std::ifstream index(run_dir + "/checkpoint-0000-00000001.index.json");
   EXPECT_TRUE(index.good()) << "no index in " << run_dir;
@@ -202,7 +190,7 @@ std::vector<torch::Tensor> fit_tied(Layout layout, const std::string& run_dir, u
   auto train_set = testing::separable_set(96, 7), test_set = testing::separable_set(20, 8);
   testing::run_thread_ranks(layout.world, [&](int rank, comm::Communicator& communicator) {
     torch::optim::Adam optimizer(each_tensor_once(*nets[rank]), torch::optim::AdamOptions(1e-2).amsgrad(true));
-    Loop(options_of(layout, run_dir, stop_after), borrowed(communicator)).fit(nets[rank], optimizer, train_set, test_set);
+    Loop(options_of(layout, run_dir, stop_after), testing::borrowed(communicator)).fit(nets[rank], optimizer, train_set, test_set);
     EXPECT_TRUE(nets[rank]->decode->weight.is_same(nets[rank]->encode->weight)) << "rank " << rank << " untied";
   });
   return named_weights(*nets[0]);

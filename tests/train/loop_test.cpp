@@ -18,6 +18,7 @@
 #include "support/thread_ranks.h"
 #include "support/tiny_datasets.h"
 #include "tandem/data/tensor_dataset.h"
+#include "tandem/ddp/named_comm_hook.h"
 #include "tandem/train/loop.h"
 #include "tandem/train/lr_schedule.h"
 
@@ -360,7 +361,7 @@ TEST(Loop, UnevenRanksEachSeeEveryStepAndTheSameEpochMetrics) {
     LoopOptions options = quiet_options(run_dir);
     options.epochs = 2;
     options.uneven_inputs = true;
-    options.check_replicas_every = 1;
+    options.ddp.check_replicas_every = 1;
     Loop loop(options, comm::CommunicatorPtr(&communicator, [](comm::Communicator*) {}));
     loop.callbacks().on_step = [&](const StepInfo& info) { steps[rank].push_back(info.step); };
     results[rank] = loop.fit(nets[rank], sgd, train_set, nullptr);
@@ -385,6 +386,22 @@ TEST(Loop, FinalRateOutsideZeroToOneIsRefusedBeforeTraining) {
     options.lrf = lrf;
     EXPECT_THROW(Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr), InvalidArgument) << lrf;
     expect_identical(before, weights_of(net), "weights after a refused fit");
+  }
+}
+
+// LoopOptions::ddp is DDP's own options, but its hook is the loop's to make from `comm_hook`: one setting, in
+// one place.
+TEST(Loop, DdpCommHookSetBesideCommHookIsRefused) {
+  torch::nn::Sequential net = make_net(1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  LoopOptions options = quiet_options(make_temp_dir("loop_ddp_hook"));
+  options.ddp.comm_hook = ddp::make_comm_hook("fp16");
+  try {
+    Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr);
+    ADD_FAILURE() << "ddp.comm_hook was set beside `comm_hook`";
+  } catch (const InvalidArgument& refusal) {
+    EXPECT_STREQ(refusal.what(), "ddp.comm_hook is the loop's to make, one per fit(), from `comm_hook`: leave it null "
+                                 "and name the hook in `comm_hook`");
   }
 }
 

@@ -44,6 +44,7 @@
 #include "tandem/optim/zero_redundancy_optimizer.h"
 #include "tandem/train/loop_options.h"
 #include "tandem/train/metrics.h"
+#include "tandem/train/parallel_strategy.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -115,6 +116,10 @@ class Loop {
   // The same with sharded optimizer state: before each checkpoint every rank sends its share to rank 0.
   TrainResult fit(nn::ModelHolder model, optim::ZeroRedundancyOptimizer& optimizer,
                   std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
+  // The same with the model spread by `strategy` (train/parallel_strategy.h), not yet wrapped, in place of the one
+  // options().strategy names (make_parallel_strategy(), which the overloads above pass here).
+  TrainResult fit(std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolder model, torch::optim::Optimizer& optimizer,
+                  std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
 
   // Any module holder (a TORCH_MODULE type, torch::nn::Sequential), std::shared_ptr to a module, or AnyModule,
   // with either kind of optimizer.
@@ -127,8 +132,6 @@ class Loop {
 
  private:
   comm::CommunicatorPtr resolve_group() const;
-  TrainResult run(nn::ModelHolder model, torch::optim::Optimizer& optimizer, optim::ZeroRedundancyOptimizer* sharded,
-                  std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
 
   LoopOptions options_;
   comm::CommunicatorPtr communicator_;

@@ -11,9 +11,11 @@
 #include "tandem/amp/grad_scaler.h"
 #include "tandem/amp/precision.h"
 #include "tandem/checkpoint/checkpoint_format.h"
+#include "tandem/ddp/ddp_options.h"
 #include "tandem/ddp/powersgd_hook.h"
 #include "tandem/fsdp/fsdp_options.h"
 #include "tandem/monitor/timeline.h"
+#include "tandem/util/error.h"
 
 namespace tandem::train {
 
@@ -24,7 +26,8 @@ using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, co
 // gradients).
 torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tensor& target);
 
-// How the model's work is spread. kDdp: one process per device or core group (tandem run), each a rank of
+// How the model's work is spread, each by one ParallelStrategy (train/parallel_strategy.h) that
+// make_parallel_strategy() makes. kDdp: one process per device or core group (tandem run), each a rank of
 // DistributedDataParallel. kDataParallel: one process, the model replicated over LoopOptions::dp_devices in
 // threads (dp/data_parallel.h); batch_size is then the whole step's batch, split among the replicas. kFsdp: one
 // process per device as kDdp, each rank holding one shard of every parameter, gradient and optimizer state
@@ -33,11 +36,37 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 // parameters, with the full state, at its end; checkpoints hold the full state, or with kSharded
 // checkpoint_format each rank its pieces (docs/fsdp.md). bf16-mixed and 16-mixed compute on bfloat16 or float16
 // parameters gathered from float32 shards and reduce gradients in float32.
-// The average comm hook only; check_replicas_every does not apply (the ranks hold different shards).
+// The average comm hook only; ddp.check_replicas_every does not apply (the ranks hold different shards).
 enum class Strategy { kDdp, kDataParallel, kFsdp };
 
 // CheckpointFormat moved to tandem/checkpoint/checkpoint_format.h; its name in tandem::train goes in the next release.
 using checkpoint::CheckpointFormat;
+
+inline std::string to_string(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDataParallel: return "dp";
+    case Strategy::kFsdp: return "fsdp";
+    case Strategy::kDdp: break;
+  }
+  return "ddp";
+}
+
+// Throws InvalidArgument naming the three spellings.
+inline Strategy parse_strategy(const std::string& name) {
+  for (Strategy strategy : {Strategy::kDdp, Strategy::kDataParallel, Strategy::kFsdp}) {
+    if (name == to_string(strategy)) return strategy;
+  }
+  throw InvalidArgument("strategy '" + name + "' is not one of ddp, dp, fsdp");
+}
+
+// The loop's DDP: PyTorch's defaults, but buckets adapted to the host (ddp/ddp_options.h) and the replicas
+// compared every 100 steps.
+inline ddp::DdpOptions default_loop_ddp_options() {
+  ddp::DdpOptions options;
+  options.bucket_plan = ddp::BucketPlan::kAdaptToHost;
+  options.check_replicas_every = 100;
+  return options;
+}
 
 struct LoopOptions {
   // What checkpoints call the model (tandem train's `model`, "cnn"): a run dir continued with a model of other
@@ -91,13 +120,16 @@ struct LoopOptions {
   int64_t checkpoint_every = 0; // also every this many steps inside an epoch; 0: epoch ends only
   int keep_checkpoints = 3;     // the newest this many stay in run_dir (a sharded one with all its files); 0: all
   checkpoint::CheckpointFormat checkpoint_format = checkpoint::CheckpointFormat::kFull;
-  int64_t check_replicas_every = 100;  // DdpOptions::check_replicas_every; 0: never. kDdp only
   // 32, bf16-mixed or 16-mixed (amp/precision.h): the forward pass and the loss run under autocast to the
   // lower dtype, evaluation too; 16-mixed scales the loss with a GradScaler of these options, whose state
   // goes into the checkpoints. fit() refuses a precision the device or LibTorch cannot run.
   amp::Precision precision = amp::Precision::kFloat32;
   amp::GradScalerOptions grad_scaler;
   Strategy strategy = Strategy::kDdp;
+  // kDdp's wrapper, as ddp/ddp_options.h has it (buckets, broadcast_buffers, static_graph,
+  // find_unused_parameters, check_replicas_every, ...). Its comm_hook stays null: the loop makes one per fit()
+  // from `comm_hook` and `powersgd`.
+  ddp::DdpOptions ddp = default_loop_ddp_options();
   // kFsdp's wrapper, as fsdp/fsdp_options.h has it: `units` (which modules are units: each direct child of the
   // model by default), reshard_after_forward (ZeRO-3's freeing of each unit after its forward), broadcast_buffers,
   // and mixed_precision's float32_module_types. mixed_precision's dtypes are `precision`'s to set (bf16-mixed and
@@ -119,6 +151,9 @@ struct LoopOptions {
 
 // Throws InvalidArgument naming the fields (in backticks) when `options` cannot train in a world of
 // `world_size` ranks: a value out of range, or two settings that do not go together. Loop::fit calls it first.
+// The settings that depend on the strategy are the strategy's to check: `strategy`'s, or the one given.
 void validate(const LoopOptions& options, int world_size);
+class ParallelStrategy;
+void validate(const LoopOptions& options, int world_size, const ParallelStrategy& strategy);
 
 }  // namespace tandem::train
