@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "tandem/util/error.h"
+#include "tandem/util/needs.h"
 
 namespace tandem::train {
 namespace {
@@ -50,8 +51,8 @@ void refuse_uneven_inputs(const std::string& conflict) {
 
 void require_full_checkpoint_format(const LoopOptions& options) {
   if (options.checkpoint_format == checkpoint::CheckpointFormat::kSharded) {
-    throw InvalidArgument("`checkpoint_format` sharded needs `strategy` fsdp: only fsdp's ranks hold shards to write; "
-                          "drop `checkpoint_format`, or use `strategy` fsdp");
+    throw InvalidArgument(needs("`checkpoint_format` sharded", "`strategy` fsdp",
+                                "only fsdp's ranks hold shards to write; drop `checkpoint_format`, or use `strategy` fsdp"));
   }
 }
 
