@@ -30,11 +30,12 @@ struct Calls {
 class WholeState : public CheckpointWriter, public CheckpointReader {
  public:
   WholeState(torch::nn::Module& module, torch::optim::Optimizer& optimizer) : module_(module), optimizer_(optimizer) {}
-  void write(const std::string& path, const CheckpointState& state, const ExtraState& extra) override {
-    save_checkpoint(path, module_, optimizer_, state, extra);
+  void write(const std::string& path, const checkpoint::CheckpointState& state,
+             const checkpoint::ExtraState& extra) override {
+    checkpoint::save_checkpoint(path, module_, optimizer_, state, extra);
   }
-  CheckpointState read(const std::string& path, ExtraState* extra) override {
-    return load_checkpoint(path, module_, optimizer_, extra);
+  checkpoint::CheckpointState read(const std::string& path, checkpoint::ExtraState* extra) override {
+    return checkpoint::load_checkpoint(path, module_, optimizer_, extra);
   }
 
  private:
@@ -153,7 +154,9 @@ TEST(ParallelStrategy, StrategyAndCheckpointFormatParsersReadTheFlagsSpellingsAn
   for (const char* bad : {"DDP", "hsdp", ""}) EXPECT_THROW(parse_strategy(bad), InvalidArgument) << bad;
   EXPECT_EQ(checkpoint::parse_checkpoint_format("full"), CheckpointFormat::kFull);
   EXPECT_EQ(checkpoint::parse_checkpoint_format("sharded"), CheckpointFormat::kSharded);
-  for (const char* bad : {"Full", "pieces", ""}) EXPECT_THROW(checkpoint::parse_checkpoint_format(bad), InvalidArgument) << bad;
+  for (const char* bad : {"Full", "pieces", ""}) {
+    EXPECT_THROW(checkpoint::parse_checkpoint_format(bad), InvalidArgument) << bad;
+  }
 }
 
 }  // namespace
