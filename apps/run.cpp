@@ -31,26 +31,45 @@ struct RunFlags {
   std::string gpus;          // parse_gpu_list
 };
 
+// The command as given: the library parses the two texts, plans the launch and runs it.
+int run_launch(RunFlags& flags, const CLI::App& command) {
+  launch::LaunchOptions& options = flags.options;
+  // CLI11 keeps the "--" separator among the unused arguments; without it, a command's own flags would be
+  // read as tandem's (`tandem run python -m x` vs. `tandem run -- python -m x`).
+  std::vector<std::string> unused = command.remaining();
+  if (!options.command.empty() && std::find(unused.begin(), unused.end(), "--") == unused.end()) {
+    throw InvalidArgument("put the command after `--`: tandem run [flags] -- " + options.command.front() + " ...");
+  }
+  launch::parse_node_range(flags.nnodes, options.nnodes, options.max_nnodes);
+  options.gpus = launch::parse_gpu_list(flags.gpus);
+  // Counting GPUs initialises CUDA, so it is done only when the count is needed.
+  const bool needs_gpu_count = !options.nproc_per_node && options.gpus.empty();
+  return launch::launch(launch::plan_launch(options, needs_gpu_count ? launch::visible_gpu_count() : 0));
+}
+
+// After the flags in --help: what the workers get, how failures and signals end a run, and elastic jobs.
+constexpr const char* kRunFooter =
+    "Every worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and\n"
+    "OMP_NUM_THREADS (CPUs / workers, unless already set). Output lines are prefixed with the rank, e.g. \"[0] \".\n"
+    "When a worker exits non-zero or is killed, the others get SIGTERM (SIGKILL after --grace-period) and\n"
+    "tandem run exits with that worker's code (128 + signal), unless --max-restarts N allows a restart: then all the\n"
+    "workers start again, with TORCHELASTIC_RESTART_COUNT 1, 2, ... N (0 at first) and TORCHELASTIC_MAX_RESTARTS N.\n"
+    "Every attempt gets the same TORCHELASTIC_RUN_ID (--run-id), so tandem train without --run-dir continues the\n"
+    "run of the first attempt (runs/<run id>) from its newest checkpoint.\n"
+    "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
+    "Elastic jobs (torchrun's c10d rendezvous): on every node,\n"
+    "  tandem run --nnodes MIN:MAX --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID -- CMD...\n"
+    "The agent on HOST serves the job's store (that node must not go); the agents form rounds of MIN to MAX\n"
+    "nodes, and a lost node, a failed worker or a node joining starts a new round on every node with the new\n"
+    "WORLD_SIZE and RANK. Failures count against --max-restarts, a joining node does not. --rdzv-conf sets\n"
+    "join_timeout, last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt (docs/launcher.md).\n"
+    "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port, --rdzv_backend, ...) are\n"
+    "accepted too.";
+
 std::function<int()> define_run(CLI::App& command) {
   auto flags = std::make_shared<RunFlags>();
   launch::LaunchOptions& o = flags->options;
-  command.footer(
-      "Every worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and\n"
-      "OMP_NUM_THREADS (CPUs / workers, unless already set). Output lines are prefixed with the rank, e.g. \"[0] \".\n"
-      "When a worker exits non-zero or is killed, the others get SIGTERM (SIGKILL after --grace-period) and\n"
-"tandem run exits with that worker's code (128 + signal), unless --max-restarts N allows a restart: then all the\n"
-      "workers start again, with TORCHELASTIC_RESTART_COUNT 1, 2, ... N (0 at first) and TORCHELASTIC_MAX_RESTARTS N.\n"
-      "Every attempt gets the same TORCHELASTIC_RUN_ID (--run-id), so tandem train without --run-dir continues the\n"
-      "run of the first attempt (runs/<run id>) from its newest checkpoint.\n"
-      "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
-      "Elastic jobs (torchrun's c10d rendezvous): on every node,\n"
-      "  tandem run --nnodes MIN:MAX --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID -- CMD...\n"
-      "The agent on HOST serves the job's store (that node must not go); the agents form rounds of MIN to MAX\n"
-      "nodes, and a lost node, a failed worker or a node joining starts a new round on every node with the new\n"
-      "WORLD_SIZE and RANK. Failures count against --max-restarts, a joining node does not. --rdzv-conf sets\n"
-      "join_timeout, last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt (docs/launcher.md).\n"
-      "torchrun's spellings (--nproc_per_node, --node_rank, --master_addr, --master_port, --rdzv_backend, ...) are\n"
-      "accepted too.");
+  command.footer(kRunFooter);
   command.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                      "Workers on this node (default: GPUs in --gpus, else visible GPUs, else 1)")
       ->check(between<int>(1, launch::kMaxWorkersPerNode));
@@ -101,20 +120,7 @@ std::function<int()> define_run(CLI::App& command) {
   // Everything after the first word of the command belongs to the command, even if it looks like our flags.
   command.positionals_at_end();
 
-  return [flags, &command]() -> int {
-    launch::LaunchOptions& options = flags->options;
-    // CLI11 keeps the "--" separator among the unused arguments; without it, a command's own flags would be
-    // read as tandem's (`tandem run python -m x` vs. `tandem run -- python -m x`).
-    std::vector<std::string> unused = command.remaining();
-    if (!options.command.empty() && std::find(unused.begin(), unused.end(), "--") == unused.end()) {
-      throw InvalidArgument("put the command after `--`: tandem run [flags] -- " + options.command.front() + " ...");
-    }
-    launch::parse_node_range(flags->nnodes, options.nnodes, options.max_nnodes);
-    options.gpus = launch::parse_gpu_list(flags->gpus);
-    // Counting GPUs initialises CUDA, so it is done only when the count is needed.
-    const bool needs_gpu_count = !options.nproc_per_node && options.gpus.empty();
-    return launch::launch(launch::plan_launch(options, needs_gpu_count ? launch::visible_gpu_count() : 0));
-  };
+  return [flags, &command] { return run_launch(*flags, command); };
 }
 
 const CommandRegistration kRun{"run", "Start one worker process per device, like torchrun", define_run};

@@ -162,15 +162,8 @@ std::optional<ElasticSettings> plan_elastic(const LaunchOptions& options) {
   return settings;
 }
 
-}  // namespace
-
-LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const ProcessLimits& limits) {
-  LaunchPlan plan;
-  if (options.command.empty()) {
-    throw InvalidArgument("no command to run: put the program and its arguments after `--`, e.g. tandem run -- ./train");
-  }
-  plan.command = options.command;
-
+// `nnodes` and this node's place among them.
+void plan_nodes(const LaunchOptions& options, LaunchPlan& plan) {
   if (options.nnodes < 1) throw InvalidArgument(fmt::format("`nnodes` must be at least 1, got {}", options.nnodes));
   const int node_rank = options.node_rank.value_or(0);
   if (node_rank < 0 || node_rank >= options.nnodes) {
@@ -179,8 +172,10 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
   }
   plan.nnodes = options.nnodes;
   plan.node_rank = node_rank;
-  plan.elastic = plan_elastic(options);
+}
 
+// The GPUs this node's ranks take, and how many ranks it starts.
+void plan_ranks_per_node(const LaunchOptions& options, int gpu_count, const ProcessLimits& limits, LaunchPlan& plan) {
   std::set<int> seen;
   for (int gpu : options.gpus) {
     if (gpu < 0) throw InvalidArgument(fmt::format("`gpus` lists {}, but GPU indices start at 0", gpu));
@@ -203,7 +198,10 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
     throw InvalidArgument(fmt::format("`nnodes` {} times `nproc_per_node` {} is more ranks than a job can have ({})",
                                       plan.nnodes, plan.nproc_per_node, INT_MAX));
   }
+}
 
+// Where the ranks meet: the elastic job's endpoint, or node 0's address and port.
+void plan_store_address(const LaunchOptions& options, LaunchPlan& plan) {
   if (plan.elastic) {
     plan.master_addr = plan.elastic->host;
     plan.master_port = plan.elastic->port;
@@ -234,7 +232,10 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
         "port; pass one explicitly (or leave it out for {})",
         plan.nnodes, comm::kDefaultMasterPort));
   }
+}
 
+// What the launcher does when workers fail or stop, and the run's name.
+void plan_restarts(const LaunchOptions& options, LaunchPlan& plan) {
   if (options.grace_period.count() < 0) throw InvalidArgument("`grace_period` must not be negative");
   plan.grace_period = options.grace_period;
 
@@ -257,6 +258,21 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
         options.run_id));
   }
   plan.run_id = options.run_id.empty() ? fresh_run_id() : options.run_id;
+}
+
+}  // namespace
+
+LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const ProcessLimits& limits) {
+  LaunchPlan plan;
+  if (options.command.empty()) {
+    throw InvalidArgument("no command to run: put the program and its arguments after `--`, e.g. tandem run -- ./train");
+  }
+  plan.command = options.command;
+  plan_nodes(options, plan);
+  plan.elastic = plan_elastic(options);
+  plan_ranks_per_node(options, gpu_count, limits, plan);
+  plan_store_address(options, plan);
+  plan_restarts(options, plan);
   return plan;
 }
 
