@@ -355,13 +355,16 @@ class ElasticAgent {
   }
 
   // Says so in the store and, where this agent serves it, keeps it up (bounded) until the round's other agents
-  // have said so too: one that found the store gone would take the end for a lost link.
+  // have said so too and every agent waiting to join has read the end: one that found the store gone would take
+  // the end for a lost link.
   int leave(const RoundMembership& membership, int code) {
     try {
       on_store([](RoundRendezvous& rounds) { rounds.leave(); });
       const auto until = Clock::now() + settings_.heartbeat_lost_after() + kHostLinger;
-      while (store_.hosting() && Clock::now() < until &&
-             on_store([](RoundRendezvous& rounds) { return rounds.left(); }) < membership.nodes) {
+      const auto someone_untold = [nodes = membership.nodes](RoundRendezvous& rounds) {
+        return rounds.left() < nodes || rounds.waiting() > 0;
+      };
+      while (store_.hosting() && Clock::now() < until && on_store(someone_untold)) {
         std::this_thread::sleep_for(kAgentPoll);
       }
     } catch (const Error&) {

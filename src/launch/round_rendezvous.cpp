@@ -198,6 +198,8 @@ std::vector<int64_t> RoundRendezvous::live_slots(Clock::time_point now, int64_t 
 
 std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now) {
   if (is_set(kDoneKey)) {
+    // The slot given back says "told": the hosting agent keeps the store up until no slot waits (leave()).
+    withdraw();
     finished_ = true;
     return std::nullopt;
   }

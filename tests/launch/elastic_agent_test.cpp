@@ -152,6 +152,18 @@ class JobWithANewcomer {
     return true;
   }
   void interrupt_newcomer() { ::kill(-newcomer_->pid(), SIGINT); }
+  void pause_newcomer() { ::kill(-newcomer_->pid(), SIGSTOP); }
+  void resume_newcomer() { ::kill(-newcomer_->pid(), SIGCONT); }
+  // Waits until one of the running agents has exited; false at the deadline.
+  bool one_running_agent_exited() {
+    const auto give_up = std::chrono::steady_clock::now() + kAgentDeadline;
+    while (std::chrono::steady_clock::now() < give_up) {
+      for (auto& agent : running_) {
+        if (agent.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) return true;
+      }
+    }
+    return false;
+  }
   void let_workers_finish() { std::ofstream(dir_ / "finish") << "done\n"; }
   std::string newcomer_output() const { return dir_ / "newcomer"; }
 
@@ -189,10 +201,14 @@ TEST(ElasticAgent, AnAgentInterruptedWhileWaitingToJoinLeavesTheJobRunning) {
 }
 
 TEST(ElasticAgent, AJobThatFinishesWhileANodeWaitsToJoinEndsWithZeroOnEveryAgent) {
-  // At its most nodes: the newcomer waits until one goes, and none does.
+  // At its most nodes: the newcomer waits until one goes, and none does. Held still while the job ends, it looks
+  // again only after a running agent has gone: the hosting agent must keep the store up until it has read the end.
   JobWithANewcomer job("newcomer-waits", "2", {});
   ASSERT_TRUE(job.start_newcomer()) << testing::read_file(job.newcomer_output());
+  job.pause_newcomer();
   job.let_workers_finish();
+  EXPECT_TRUE(job.one_running_agent_exited());
+  job.resume_newcomer();
   for (const ProcessResult& result : job.finish_running()) {
     EXPECT_FALSE(result.timed_out) << result.output;
     EXPECT_EQ(result.exit_code, 0) << result.output;

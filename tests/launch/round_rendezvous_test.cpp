@@ -237,6 +237,8 @@ TEST(RoundRendezvous, AJobThatFinishesWhileANodeWaitsToJoinTellsTheWaitingNode) 
   for (int i = 0; i < 2; ++i) job.agents[i]->mark_succeeded();
   EXPECT_FALSE(late.poll_round(t0 + 1s));
   EXPECT_TRUE(late.job_finished());
+  // Its slot given back tells the hosting agent that no one waits for the end any longer (leave()).
+  EXPECT_EQ(job.agents[0]->waiting(), 0);
 }
 
 TEST(RoundRendezvous, ARunningRoundWithASucceededNodeTakesNoNewcomer) {

@@ -104,7 +104,8 @@ class RoundRendezvous {
   bool mark_succeeded();
   bool all_succeeded();
   // Says this agent leaves the job (it is done, or out of restarts); the hosting agent waits, bounded, until the
-  // running round's nodes have all left before its store goes, so none of them mistakes the end for a lost store.
+  // running round's nodes have all left and no agent waits to join (one that read the end gave its slot back)
+  // before its store goes, so none of them mistakes the end for a lost store.
   void leave();
   int64_t left() const;
 
