@@ -1,12 +1,13 @@
 #include "apps/program/training_program.h"
 
+#include "apps/program/configuration_summary.h"
+
 #include <fmt/format.h>
 
 #include <limits>
 
 #include "tandem/checkpoint/weights.h"
 #include "tandem/comm/rank_agreement.h"
-#include "tandem/data/crop_defaults.h"
 #include "tandem/data/data_folder.h"
 #include "tandem/dp/data_parallel.h"
 #include "tandem/nn/model_registry.h"
@@ -21,105 +22,6 @@ namespace tandem::app {
 using train::Strategy;
 
 namespace {
-
-// --model built for the data, seeded so that every rank starts alike (DDP then makes rank 0's weights everyone's),
-// with --init weights, --sync-bn and --freeze-layers applied.
-nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& data, const comm::CommunicatorPtr& communicator) {
-  comm::Communicator* group = communicator.get();
-  const bool is_main = !group || group->rank() == 0;
-  torch::manual_seed(o.loop.seed);
-  nn::Model model;
-  comm::run_on_all_ranks(group, "to build the model", [&] {
-    model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
-    if (o.init_weights.empty()) return;
-    checkpoint::LoadReport report = checkpoint::load_weights(
-        *model.module.ptr(), checkpoint::read_model_weights(o.init_weights), o.init_weights, o.strict);
-    if (!is_main) return;
-    log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
-    for (const auto& s : report.skipped) log::warn("skipped {}", s);
-    for (const auto& m : report.missing) log::warn("not in {}: {} (keeps its initial value)", o.init_weights, m);
-  });
-  // SyncBatchNorm before DDP and the optimizer (as PyTorch requires): the swap keeps the parameter tensors, and
-  // DDP must see the model it will run.
-  if (o.sync_bn) nn::convert_sync_batchnorm(model.module.ptr(), communicator);
-  if (o.freeze_layers) {
-    auto trainable = nn::freeze_all_but_head(model);
-    log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
-  }
-  return model;
-}
-
-// The resolved configuration as `key: value` lines, what rank 0 prints at the run's start.
-// `checkpoint`: the one the run continues from, empty for a new run.
-std::string describe(const TrainingProgramOptions& program, const data::DataFolder& data, int world_size,
-                     const std::string& checkpoint) {
-  const train::LoopOptions& o = program.loop;
-  const data::DataFolderOptions& folder = program.data;
-  std::string out;
-  const auto line = [&](const std::string& key, const std::string& value) { out += fmt::format("  {:<14} {}\n", key + ":", value); };
-  line("data", folder.dir + (data.is_mnist ? " (MNIST files)" : " (image folder)"));
-  line("model", fmt::format("{}, {} classes{}", program.model, folder.num_classes, program.sync_bn ? ", SyncBatchNorm" : ""));
-  line("world size", std::to_string(world_size));
-  line("device", o.device.str());
-  if (o.strategy == Strategy::kFsdp) {
-    line("strategy", fmt::format("fsdp, {} after forward", o.fsdp.reshard_after_forward ? "reshard" : "no reshard"));
-  } else {
-    line("strategy", o.strategy == Strategy::kDdp ? "ddp" : fmt::format("dp, {} replicas", o.dp_devices.size()));
-  }
-  line("precision", amp::to_string(o.precision) + (amp::uses_loss_scaling(o.precision) ? " (loss scaling)" : ""));
-  line("epochs", std::to_string(o.epochs));
-  // The products in doubles: each flag may be as large as its type, and their product no longer fits.
-  const double batch_in_all = static_cast<double>(o.batch_size) * world_size;
-  line("batch size", fmt::format("{} per process, {} in all", o.batch_size, batch_in_all));
-  if (o.accumulate_batches > 1) {
-    line("accumulate", fmt::format("{} batches per step ({} samples in all)", o.accumulate_batches,
-                                   static_cast<double>(o.accumulate_batches) * batch_in_all));
-  }
-  if (o.comm_hook == "powersgd") {
-    line("comm hook", fmt::format("powersgd (rank {}, from step {})", o.powersgd.matrix_approximation_rank,
-                                  o.powersgd.start_powersgd_iter + 1));
-  } else {
-    line("comm hook", o.comm_hook);
-  }
-  // A run continued on another layout rescales by its global batch over its first batch size; the loop says so.
-  line("lr", fmt::format("{} x {} rank{} = {} (cosine to x{})", program.lr, world_size, world_size == 1 ? "" : "s",
-                         program.lr * world_size, o.lrf));
-  line("momentum", fmt::format("{}", program.momentum));
-  line("weight decay", fmt::format("{}", program.weight_decay));
-  line("zero", program.zero ? fmt::format("SGD state sharded over {} ranks", world_size) : "no");
-  line("steps", o.max_steps > 0 ? std::to_string(o.max_steps) : "all");
-  line("seed", std::to_string(o.seed));
-  line("shuffle", o.shuffle ? "yes" : "no");
-  if (data.is_mnist) {
-    line("normalize", fmt::format("mean {} std {}", folder.normalization->mean, folder.normalization->std));
-  } else {
-    line("image size", std::to_string(folder.image_size));
-    line("val split", fmt::format("{}", *folder.val_split));
-    line("crop scale", fmt::format("train: random area [{:.3g}, 1]; val: resize to {:.4g} x size, center crop",
-                                   folder.min_crop_scale, data::default_val_resize_ratio(folder.image_size)));
-    line("bad images", folder.skip_bad_images ? "skip and count" : "stop with an error");
-  }
-  line("threads", std::to_string(torch::get_num_threads()) + " per process");
-  line("init weights", program.init_weights.empty() ? "none (rank 0's seeded init, broadcast)" : program.init_weights);
-  if (!program.init_weights.empty()) line("strict", program.strict ? "yes" : "no");
-  line("freeze layers", program.freeze_layers ? "yes" : "no");
-  line("save weights", program.save_weights.empty() ? "no" : program.save_weights);
-  line("run dir", o.run_dir);
-  // A run dir that holds a checkpoint is continued with or without --resume: the line says what happens.
-  line("resume", checkpoint.empty() ? "no (a new run)" : "from " + checkpoint);
-  line("uneven inputs", o.uneven_inputs ? "yes (every sample once; ranks out of batches shadow the others)" : "no");
-  line("check replicas", o.ddp.check_replicas_every > 0 ? fmt::format("every {} steps", o.ddp.check_replicas_every) : "no");
-  line("checkpoints", !o.checkpoint ? "none"
-                      : fmt::format("{}at epoch ends{}; the newest {} kept",
-                                    o.checkpoint_format == checkpoint::CheckpointFormat::kSharded ? "sharded, " : "",
-                                    o.checkpoint_every > 0 ? fmt::format(" and every {} steps", o.checkpoint_every) : "",
-                                    o.keep_checkpoints > 0 ? std::to_string(o.keep_checkpoints) : "all"));
-  line("records", fmt::format("metrics.jsonl, steps.jsonl{}{}", o.tensorboard ? ", TensorBoard events" : "",
-                              o.report ? ", report.html at the end" : ""));
-  line("timeline", o.timeline_path.empty() ? "no"
-                   : fmt::format("steps {}-{} to {}", o.timeline_steps.first, o.timeline_steps.last, o.timeline_path));
-  return out;
-}
 
 // Whether `model_name` has BatchNorm layers: the registry does not say, so one is built, which takes a moment
 // for a ResNet. Small RGB images are a shape every registered model takes (the ResNets take RGB only, the CNNs
@@ -171,6 +73,35 @@ void require_batch_norm_batches(const TrainingProgramOptions& o, const nn::Model
                                       "sample for {}; use fewer ranks, drop --uneven, {}",
                                       train_samples, world_size, layers, remedy));
   }
+}
+
+// --model built for the data, seeded so that every rank starts alike (DDP then makes rank 0's weights everyone's),
+// with --init weights, --sync-bn and --freeze-layers applied, and refused where its BatchNorm layers would see
+// batches of one.
+nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& data, const comm::CommunicatorPtr& communicator) {
+  comm::Communicator* group = communicator.get();
+  const bool is_main = !group || group->rank() == 0;
+  torch::manual_seed(o.loop.seed);
+  nn::Model model;
+  comm::run_on_all_ranks(group, "to build the model", [&] {
+    model = nn::make_model(o.model, nn::ModelOptions{o.data.num_classes, data.in_channels, data.image_size});
+    if (o.init_weights.empty()) return;
+    checkpoint::LoadReport report = checkpoint::load_weights(
+        *model.module.ptr(), checkpoint::read_model_weights(o.init_weights), o.init_weights, o.strict);
+    if (!is_main) return;
+    log::write("", fmt::format("loaded {} tensors from {}", report.loaded.size(), o.init_weights));
+    for (const auto& s : report.skipped) log::warn("skipped {}", s);
+    for (const auto& m : report.missing) log::warn("not in {}: {} (keeps its initial value)", o.init_weights, m);
+  });
+  // SyncBatchNorm before DDP and the optimizer (as PyTorch requires): the swap keeps the parameter tensors, and
+  // DDP must see the model it will run.
+  if (o.sync_bn) nn::convert_sync_batchnorm(model.module.ptr(), communicator);
+  if (o.freeze_layers) {
+    auto trainable = nn::freeze_all_but_head(model);
+    log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
+  }
+  require_batch_norm_batches(o, model, group ? group->world_size() : 1, data.train->size());
+  return model;
 }
 
 // --strategy fsdp's refusals: the program's own, then the loop's (which the loop would only make after the
@@ -248,14 +179,13 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
     data = data::open_data_folder(options.data);
   });
   nn::Model model = build_model(options, data, communicator);
-  require_batch_norm_batches(options, model, world, data.train->size());
 
   train::Loop loop(options.loop, communicator);
   train::LoopCallbacks& callbacks = loop.callbacks();
   callbacks.on_run_start = [&](const std::string& run_dir, const std::string& checkpoint) {
     options.loop.run_dir = run_dir;
     if (!is_main) return;
-    log::write("", "training configuration:\n" + describe(options, data, world, checkpoint));
+    log::write("", "training configuration:\n" + describe_configuration(options, data, world, checkpoint));
     if (!data.classes.empty()) data::write_class_list(data.classes, run_dir + "/class_indices.json");
   };
   if (data.image_train) {
