@@ -8,73 +8,15 @@
 #include "tandem/util/error.h"
 
 namespace tandem::fsdp {
-namespace {
 
 using parameter_use_watch::Pause;
-
-std::string dtype_name(torch::ScalarType dtype) {
-  if (dtype == torch::kHalf) return "float16";
-  return dtype == torch::kBFloat16 ? "bfloat16" : "float32";
-}
-
-void require_floating_dtype(torch::ScalarType dtype, const char* field) {
-  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kHalf) {
-    throw InvalidArgument(fmt::format("fsdp mixed_precision.{} is {}; use float32, bfloat16 or float16", field,
-                                      c10::toString(dtype)));
-  }
-}
-
-// Every rank reduce-scatters a probe in `dtype`: a backend without it refuses on every rank alike, before the
-// backend sends anything.
-void require_backend_reduces(comm::Communicator& communicator, torch::ScalarType dtype) {
-  torch::Tensor input = torch::zeros({communicator.world_size()}, torch::TensorOptions().dtype(dtype).device(communicator.device()));
-  torch::Tensor output = torch::empty({1}, input.options());
-  try {
-    communicator.reduce_scatter(output, input, comm::ReduceOp::Avg)->wait();
-  } catch (const UnsupportedError&) {
-    throw UnsupportedError(fmt::format("fsdp reduce_dtype {} needs a backend that reduces {}, and {} in this build "
-                                       "does not; set mixed_precision.reduce_dtype to float32, or use a LibTorch 2.x "
-                                       "build",
-                                       dtype_name(dtype), dtype_name(dtype), communicator.backend_name()));
-  }
-}
-
-// Per unit, the unit it runs nested in: a float32 unit split out of another (MixedPrecision::float32_module_types,
-// a BatchNorm in its block) belongs to the unit of the longest module path that is a prefix of its own (the root
-// unit's empty path prefixes all). The forward keeps that unit gathered while the float32 one runs, as FSDP2 keeps
-// a parent gathered around its children, instead of freeing it and gathering it again after every BatchNorm.
-std::vector<int> nesting(const std::vector<UnitSpec>& specs) {
-  std::vector<int> nested_in(specs.size(), -1);
-  for (size_t unit = 0; unit < specs.size(); ++unit) {
-    if (!specs[unit].keeps_float32) continue;
-    const std::string& path = specs[unit].name;
-    size_t longest = 0;
-    for (size_t other = 0; other < specs.size(); ++other) {
-      const std::string& prefix = specs[other].name;
-      if (specs[other].keeps_float32) continue;
-      const bool contains = prefix.empty() || (path.size() > prefix.size() && path[prefix.size()] == '.' &&
-                                               path.compare(0, prefix.size(), prefix) == 0);
-      if (contains && (nested_in[unit] < 0 || prefix.size() >= longest)) {
-        nested_in[unit] = static_cast<int>(other);
-        longest = prefix.size();
-      }
-    }
-  }
-  return nested_in;
-}
-
-}  // namespace
 
 ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr communicator, FsdpOptions options)
     : communicator_(std::move(communicator)), options_(std::move(options)) {
   Pause pause;
   comm::Communicator* comm = communicator_.get();
   const MixedPrecision& precision = options_.mixed_precision;
-  require_floating_dtype(precision.param_dtype, "param_dtype");
-  require_floating_dtype(precision.reduce_dtype_or_param(), "reduce_dtype");
-  if (comm && comm->world_size() > 1 && precision.reduce_dtype_or_param() != torch::kFloat32) {
-    require_backend_reduces(*comm, precision.reduce_dtype_or_param());
-  }
+  require_supported(precision, comm);
   const bool low_precision = precision.param_dtype != torch::kFloat32;
   std::vector<UnitSpec> specs =
       plan_units(module, options_.units, low_precision ? precision.float32_module_types : std::vector<std::string>{});
@@ -83,7 +25,7 @@ ShardedModel::ShardedModel(torch::nn::Module& module, comm::CommunicatorPtr comm
     buffers_ = std::make_unique<ddp::CoalescedBroadcaster>(std::move(buffers));
     if (comm && comm->world_size() > 1) buffers_->broadcast(*comm);
   }
-  nested_in_ = nesting(specs);
+  nested_in_ = unit_nesting(specs);
   for (UnitSpec& spec : specs) {
     const bool float32 = spec.keeps_float32;
     units_.push_back(std::make_unique<FlatUnit>(std::move(spec), comm,

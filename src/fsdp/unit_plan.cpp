@@ -176,4 +176,24 @@ std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& poli
   return split_float32_modules(root, planner.finish(root), float32_module_types);
 }
 
+std::vector<int> unit_nesting(const std::vector<UnitSpec>& specs) {
+  std::vector<int> nested_in(specs.size(), -1);
+  for (size_t unit = 0; unit < specs.size(); ++unit) {
+    if (!specs[unit].keeps_float32) continue;
+    const std::string& path = specs[unit].name;
+    size_t longest = 0;
+    for (size_t other = 0; other < specs.size(); ++other) {
+      const std::string& prefix = specs[other].name;
+      if (specs[other].keeps_float32) continue;
+      const bool contains = prefix.empty() || (path.size() > prefix.size() && path[prefix.size()] == '.' &&
+                                               path.compare(0, prefix.size(), prefix) == 0);
+      if (contains && (nested_in[unit] < 0 || prefix.size() >= longest)) {
+        nested_in[unit] = static_cast<int>(other);
+        longest = prefix.size();
+      }
+    }
+  }
+  return nested_in;
+}
+
 }  // namespace tandem::fsdp

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace tandem::comm {
+class Communicator;
+}
+
 namespace tandem::fsdp {
 
 // Which modules become units (each unit's parameters are flattened, sharded and gathered together). With
@@ -44,6 +48,11 @@ struct MixedPrecision {
 
   c10::ScalarType reduce_dtype_or_param() const { return reduce_dtype.value_or(param_dtype); }
 };
+
+// Refuses (one line) dtypes other than float32, bfloat16 and float16, and a reduce_dtype that `communicator`'s
+// backend cannot reduce: every rank probes with one reduce-scatter, so all refuse alike before any unit is sent.
+// Without a communicator, or in a world of one, only the dtypes are checked.
+void require_supported(const MixedPrecision& precision, comm::Communicator* communicator);
 
 struct FsdpOptions {
   UnitPolicy units;

@@ -28,6 +28,13 @@ struct UnitSpec {
 std::vector<UnitSpec> plan_units(torch::nn::Module& root, const UnitPolicy& policy,
                                  const std::vector<std::string>& float32_module_types = {});
 
+// Per unit, the unit it runs nested in: a float32 unit split out of another (MixedPrecision::float32_module_types,
+// a BatchNorm in its block) belongs to the unit of the longest module path that is a prefix of its own (the root
+// unit's empty path prefixes all). The forward keeps that unit gathered while the float32 one runs, as FSDP2 keeps
+// a parent gathered around its children, instead of freeing it and gathering it again after every BatchNorm.
+// -1 for a unit that runs nested in none.
+std::vector<int> unit_nesting(const std::vector<UnitSpec>& specs);
+
 // Whether a module's type is one of `names` (as UnitPolicy::module_types reads them).
 bool module_type_matches(const torch::nn::Module& module, const std::vector<std::string>& names);
 // The shortest name module_type_matches takes for a module's type: "BasicBlock" for tandem::nn::BasicBlockImpl.
