@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -16,9 +15,9 @@
 #include <utility>
 
 #include "heartbeat_watch.h"
+#include "job_signature.h"
 #include "output_relay.h"
 #include "supervisor.h"
-#include "tandem/comm/local_address.h"
 #include "tandem/launch/agent_store.h"
 #include "tandem/launch/round_rendezvous.h"
 #include "tandem/util/call_within.h"
@@ -41,41 +40,6 @@ constexpr std::chrono::milliseconds kKilledGoneWithin{1000};
 // How long the hosting agent keeps the store up, beyond the time a lost node takes to be noticed, for the other
 // agents to read that the job is over.
 constexpr std::chrono::seconds kHostLinger{2};
-
-// This agent in the others' messages: the address it reaches the store from, and its pid.
-std::string describe_node(const std::string& store_host) {
-  std::string address;
-  try {
-    address = comm::local_address_toward(store_host);
-  } catch (const std::exception&) {
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    address = name;
-  }
-  return fmt::format("{}, pid {}", address, ::getpid());
-}
-
-std::string joined_command(const std::vector<std::string>& command) {
-  std::string text;
-  for (const std::string& word : command) text += (text.empty() ? "" : " ") + word;
-  return text;
-}
-
-// What every agent of one job must agree on: the same workers, and the same numbers behind the rounds' decisions
-// (how many nodes, how many restarts) and behind the timing contract of a lost node (docs/launcher.md, "A cut
-// link": heartbeats and grace period).
-std::map<std::string, std::string> job_signature(const LaunchPlan& plan, const ElasticSettings& settings) {
-  const auto seconds = [](std::chrono::milliseconds duration) { return fmt::format("{:g} s", duration.count() / 1000.0); };
-  return {{"`nnodes`", fmt::format("{}:{}", settings.min_nodes, settings.max_nodes)},
-          {"`max_restarts`", std::to_string(plan.max_restarts)},
-          {"`grace_period`", seconds(plan.grace_period)},
-          {"`rdzv_conf` timing",
-           fmt::format("keep_alive_interval {}, keep_alive_max_attempt {}, last_call_timeout {}",
-                       seconds(settings.keep_alive_interval), settings.keep_alive_max_attempt,
-                       seconds(settings.last_call))},
-          {"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
-          {"command", joined_command(plan.command)}};
-}
 
 ElasticSettings settings_of(const LaunchPlan& plan) {
   ElasticSettings settings = *plan.elastic;
@@ -306,16 +270,22 @@ class ElasticAgent {
       }
     }
     if (!end) return rejoin(store_error.empty() ? "it stopped answering" : store_error);
-    const int failures = membership.failures_before + (end->failure ? 1 : 0);
-    if (end->failure && failures > plan_.max_restarts) {
-      report(end->reason + (plan_.max_restarts > 0 ? fmt::format("; all {} restart(s) used up", plan_.max_restarts)
-                                                   : "; stopped this node's workers (no restart allowed)"));
+    return after_round(membership, *end, code_if_last);
+  }
+
+  // The round ended (`end`): this agent leaves once restarts are used up, with `code_if_last`; else it takes a
+  // slot in the next round. Returns the agent's exit code, or nothing when a next round follows.
+  std::optional<int> after_round(const RoundMembership& membership, const RoundEnd& end, int code_if_last) {
+    const int failures = membership.failures_before + (end.failure ? 1 : 0);
+    if (end.failure && failures > plan_.max_restarts) {
+      report(end.reason + (plan_.max_restarts > 0 ? fmt::format("; all {} restart(s) used up", plan_.max_restarts)
+                                                  : "; stopped this node's workers (no restart allowed)"));
       return leave(membership, code_if_last);
     }
-    report(end->reason + (end->failure ? fmt::format("; restarting the workers of every node in a new round "
-                                                     "(restart {} of {})",
-                                                     failures, plan_.max_restarts)
-                                       : "; forming a new round with it (a node joining is no restart)"));
+    report(end.reason + (end.failure ? fmt::format("; restarting the workers of every node in a new round "
+                                                   "(restart {} of {})",
+                                                   failures, plan_.max_restarts)
+                                     : "; forming a new round with it (a node joining is no restart)"));
     try {
       on_store([now = Clock::now()](RoundRendezvous& rounds) { rounds.next_round(now); });
     } catch (const Error&) {
