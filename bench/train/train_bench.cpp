@@ -12,13 +12,11 @@
 
 #include "bench/harness/rounds.h"
 #include "tandem/comm/value_collectives.h"
-#include "tandem/ddp/distributed_data_parallel.h"
-#include "tandem/ddp/named_comm_hook.h"
-#include "tandem/dp/data_parallel.h"
-#include "tandem/fsdp/fully_sharded_data_parallel.h"
+#include "tandem/ddp/reducer.h"
 #include "tandem/monitor/timeline_trace.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/nn/model_registry.h"
+#include "tandem/train/parallel_strategy.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/device.h"
 #include "tandem/util/error.h"
@@ -60,6 +58,26 @@ void check_one_wrapper(const TrainBenchOptions& options, const comm::Communicato
   if (options.fsdp && !options.data_parallel_devices.empty()) {
     throw InvalidArgument("the training benchmark runs FSDP or DataParallel, not both at once");
   }
+}
+
+// What train::Loop would be told to wrap the model as this benchmark does: FSDP or DDP (with its buckets and comm
+// hook) across ranks, DataParallel over replicas. The comm hook is DDP's alone: the DataParallel run compared
+// with a DDP run of another hook reduces as DataParallel always does.
+train::LoopOptions loop_options_of(const TrainBenchOptions& options) {
+  train::LoopOptions loop;
+  loop.device = options.device;
+  if (options.fsdp) {
+    loop.strategy = train::Strategy::kFsdp;
+    loop.fsdp = *options.fsdp;
+  } else if (!options.data_parallel_devices.empty()) {
+    loop.strategy = train::Strategy::kDataParallel;
+    loop.dp_devices = options.data_parallel_devices;
+  } else {
+    loop.ddp = options.ddp;
+    loop.comm_hook = options.comm_hook;
+    loop.powersgd = options.powersgd;
+  }
+  return loop;
 }
 
 // kDataBatches batches of random images and labels on the device: each rank its own samples, as a sampler would
@@ -157,28 +175,24 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
   const nn::ModelOptions shape = model_shape(options);
   nn::ModelHolder model(nn::make_model(options.model, shape).module);
   (*model).to(options.device);
-  std::optional<ddp::DistributedDataParallel<nn::ModelHolder>> distributed;
-  std::optional<fsdp::FullyShardedDataParallel<nn::ModelHolder>> sharded;
-  ddp::CommHookPtr hook;
-  if (communicator && options.fsdp) {
-    sharded.emplace(model, communicator, *options.fsdp);
-  } else if (communicator) {
-    ddp::DdpOptions ddp_options = options.ddp;
-    hook = ddp::make_comm_hook(options.comm_hook, options.powersgd);
-    ddp_options.comm_hook = hook;
-    distributed.emplace(model, communicator, ddp_options);
-  }
-  std::optional<dp::DataParallel> data_parallel;
-  if (!replica_devices.empty()) data_parallel.emplace(model, dp::DataParallelOptions{replica_devices, {}});
-  auto forward = [&](const torch::Tensor& x) {
-    if (distributed) return (*distributed)(x);
-    if (sharded) return (*sharded)(x);
-    if (data_parallel) return (*data_parallel)(x);
-    return model->forward(x);
-  };
   torch::optim::SGD optimizer(
-      sharded ? sharded->parameters() : (*model).parameters(),
+      (*model).parameters(),
       torch::optim::SGDOptions(options.lr * static_cast<double>(world * replicas)).momentum(0.9).weight_decay(0.005));
+  // Across ranks or replicas, the model is wrapped as train::Loop wraps it; alone, it runs bare: the baseline
+  // that scaling efficiency is measured against has nothing in between.
+  const train::LoopOptions loop_options = loop_options_of(options);
+  std::unique_ptr<train::ParallelStrategy> strategy;
+  if (communicator || !replica_devices.empty()) {
+    strategy = train::make_parallel_strategy(loop_options);
+    strategy->validate(loop_options, world);
+    strategy->wrap({loop_options, model, optimizer, communicator});
+  }
+  auto forward = [&](const torch::Tensor& x) { return strategy ? strategy->forward(x) : model->forward(x); };
+  const auto optimizer_step = [&] {
+    optimizer.step();
+    return true;
+  };
+  ddp::Reducer* reducer = strategy ? strategy->reducer() : nullptr;
 
   torch::Tensor images, labels;
   std::tie(images, labels) = random_batches(options, shape.in_channels, batch_size, rank);
@@ -199,23 +213,27 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& options, const comm::C
       loss.backward();
     }
     monitor::TimelineSpan span(timeline, monitor::SpanKind::kOptimizer);
-    optimizer.step();
+    if (strategy) {
+      strategy->step(optimizer_step);
+    } else {
+      optimizer_step();
+    }
   };
 
   for (int i = 0; i < options.warmup; ++i) step(i, nullptr);
   TrainBenchResult result;
-  const int64_t bytes_before = hook ? hook->bytes_all_reduced() : 0;
+  const int64_t bytes_before = reducer ? reducer->comm_hook().bytes_all_reduced() : 0;
   time_repeats(options, communicator, step, result);
-  if (hook) {
-    result.bytes_per_step =
-        static_cast<double>(hook->bytes_all_reduced() - bytes_before) / (options.repeats * options.steps);
+  if (reducer) {
+    result.bytes_per_step = static_cast<double>(reducer->comm_hook().bytes_all_reduced() - bytes_before) /
+                            (options.repeats * options.steps);
   }
   // Under FSDP the module holds placeholders of the parameters' shapes: the count is the model's still.
   for (const auto& p : (*model).parameters()) result.parameters += p.numel();
 
-  if (distributed) {
+  if (reducer && communicator) {
     // One more repeat, untimed, with a timeline: its clock reads must not touch the figures above.
-    result.hidden_share = measure_hidden_share(distributed->reducer(), *communicator, options,
+    result.hidden_share = measure_hidden_share(*reducer, *communicator, options,
                                                options.warmup + options.repeats * options.steps, step);
   }
   if (communicator) result.allreduce_ms = measure_allreduce_ms(communicator, result.parameters, options.device);

@@ -75,6 +75,8 @@ class Reducer {
 
   // Replaces the comm hook; call between iterations, on every rank alike.
   void register_comm_hook(CommHookPtr hook);
+  // The hook that reduces each bucket (DdpOptions::comm_hook, or the average), to read what it sent.
+  const CommHook& comm_hook() const { return *options_.comm_hook; }
 
   // Collective, for a rank that has run out of data while others train on (see ddp/join.h): runs the
   // collectives of one synchronised iteration of the others (buffer broadcast, replica check, every bucket's
