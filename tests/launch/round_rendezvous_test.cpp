@@ -143,7 +143,9 @@ TEST(RoundRendezvous, ANodeThatNeverBeatNeverStartedAndItsLossIsNoFailure) {
   job.poll(t0);
   for (int second = 0; second <= 3; ++second) {
     for (int i = 0; i < 2; ++i) job.agents[i]->beat();
-    if (second < 3) EXPECT_FALSE(job.agents[0]->watch(t0 + std::chrono::seconds(second))) << second;
+    if (second < 3) {
+      EXPECT_FALSE(job.agents[0]->watch(t0 + std::chrono::seconds(second))) << second;
+    }
   }
   const auto end = job.agents[0]->watch(t0 + 3s);
   ASSERT_TRUE(end);
