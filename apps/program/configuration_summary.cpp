@@ -7,8 +7,8 @@
 namespace tandem::app {
 using train::Strategy;
 
-std::string describe_configuration(const TrainingProgramOptions& program, const data::DataFolder& data, int world_size,
-                     const std::string& checkpoint) {
+std::string describe_configuration(const TrainingProgramOptions& program, const data::DataFolder& data,
+                                   int world_size, const std::string& checkpoint) {
   const train::LoopOptions& o = program.loop;
   const data::DataFolderOptions& folder = program.data;
   std::string out;
