@@ -1,6 +1,6 @@
 # The test tiers: which label each test carries, so that `ctest -L fast` is the quick run while working and
 # `ctest -L processes`, `-L hosts`, ... run the rest (tests/README.md). CTest reads this file when it loads the
-# tests, after gtest_discover_tests has registered every test program's tests (tests/CMakeLists.txt).
+# tests (register_tests.cmake), so a change here needs no rebuild.
 #
 # A test's tier is the first tier below, in this order, that lists a pattern matching its name; a test that no
 # pattern matches is `fast`. Each test also carries its folder's name (`ctest -L ddp`). The patterns are gtest
@@ -74,19 +74,4 @@ foreach(tier IN LISTS tandem_test_tiers)
   endforeach()
   list(JOIN alternatives "|" alternatives)
   set(tandem_tier_regex_${tier} "(^|/)(${alternatives})$")
-endforeach()
-
-# A parameterised test's name goes on after its parameter (" # GetParam() = ..."); the tier is chosen by the rest.
-foreach(folder IN LISTS tandem_test_folders)
-  foreach(test IN LISTS tandem_${folder}_tests_TESTS)
-    string(REGEX REPLACE " +#.*" "" name "${test}")
-    set(tier fast)
-    foreach(candidate IN LISTS tandem_test_tiers)
-      if(name MATCHES "${tandem_tier_regex_${candidate}}")
-        set(tier ${candidate})
-        break()
-      endif()
-    endforeach()
-    set_tests_properties("${test}" PROPERTIES LABELS "${tier};${folder}")
-  endforeach()
 endforeach()
