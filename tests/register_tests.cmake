@@ -2,11 +2,14 @@
 # runs this when it loads the tests; tests/CMakeLists.txt names the programs in tandem_test_programs (folder, path,
 # folder, path, ...) and the folder they run in.
 #
-# A test of any tier but `fast` is one CTest entry, as gtest names it (`Join.UnevenRanksWithStaticGraphMatchOneProcess`),
-# so that its deadline, label and output are its own. The `fast` tests run one entry per suite (`DdpParity.*`, with
-# `--gtest_filter`), which leaves out that suite's tests of other tiers: one process per suite instead of one per
-# test, since loading LibTorch takes longer than most fast tests do. A failing fast entry prints gtest's
-# list of the tests that failed.
+# The tests of one suite and tier share one entry (`DdpParity.*`), run in one process with `--gtest_filter`: starting
+# a test program, which loads LibTorch, takes longer than most tests do, fast or not, and the bad-input tables alone
+# are over 200 rows that each start `tandem` once. A suite whose tests span tiers has an entry per tier
+# (`FsdpShardedCheckpoint.* (processes)`). The `slow` and `hosts` tiers stay one entry per test, as gtest names it,
+# since each of their tests is long enough that two entries sharing the two cores matters more than a start, and so
+# does `gpu`, so that each of its tests shows as skipped on a machine without one. An
+# entry's deadline is 300 s per test it runs; each test that starts processes also has its own deadline inside. A
+# failing entry ends with gtest's list of the tests that failed.
 #
 # Each program's list of tests is kept beside it and read again only when the program is newer.
 include("${CMAKE_CURRENT_LIST_DIR}/tiers.cmake")
@@ -48,7 +51,22 @@ function(tandem_tier_of name out_var)
   set(${out_var} fast PARENT_SCOPE)
 endfunction()
 
-set(tandem_fast_entries "")
+# The tiers whose every test is an entry of its own.
+set(tandem_tiers_one_entry_per_test slow hosts gpu)
+
+function(tandem_add_entry entry program filter tier folder test_count)
+  math(EXPR deadline "300 * ${test_count}")
+  add_test("${entry}" "${program}" "--gtest_filter=${filter}")
+  set_tests_properties("${entry}" PROPERTIES LABELS "${tier};${folder}" TIMEOUT ${deadline}
+                       WORKING_DIRECTORY "${tandem_test_working_dir}")
+  # CTest reports an entry whose output shows a skip as skipped even when it failed, so only an entry of one test
+  # may say so; a suite's entry passes with its skipped tests named in gtest's summary.
+  if(test_count EQUAL 1)
+    set_tests_properties("${entry}" PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endif()
+endfunction()
+
+set(tandem_entries "")
 while(tandem_test_programs)
   list(POP_FRONT tandem_test_programs folder program)
   tandem_list_tests("${program}" "${program}.tests" names)
@@ -58,35 +76,49 @@ while(tandem_test_programs)
     set_tests_properties("tandem_${folder}_tests.CannotListItsTests" PROPERTIES LABELS "fast;${folder}")
     continue()
   endif()
-  set(suites "")
+  # Group the names by suite and tier; a suite's tiers are remembered in the order met.
+  set(groups "")
   foreach(name IN LISTS names)
     tandem_tier_of("${name}" tier)
     string(REGEX REPLACE "\\.[^.]*$" "" suite "${name}")
-    if(tier STREQUAL "fast")
-      list(APPEND suites "${suite}")
+    string(MAKE_C_IDENTIFIER "${suite}" suite_id)
+    list(APPEND tests_${suite_id} "${name}")
+    list(FIND tandem_tiers_one_entry_per_test ${tier} one_entry_per_test)
+    if(NOT one_entry_per_test EQUAL -1)
+      tandem_add_entry("${name}" "${program}" "${name}" ${tier} ${folder} 1)
       continue()
     endif()
-    list(APPEND others_${folder}_${suite} "${name}")
-    add_test("${name}" "${program}" "--gtest_filter=${name}")
-    set_tests_properties("${name}" PROPERTIES LABELS "${tier};${folder}" TIMEOUT 300
-                         WORKING_DIRECTORY "${tandem_test_working_dir}"
-                         SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+    list(APPEND tests_${suite_id}_${tier} "${name}")
+    list(APPEND groups "${suite}|${tier}")
   endforeach()
-  list(REMOVE_DUPLICATES suites)
-  foreach(suite IN LISTS suites)
-    set(filter "${suite}.*")
-    if(others_${folder}_${suite})
-      list(JOIN others_${folder}_${suite} ":" left_out)
-      string(APPEND filter "-${left_out}")
-    endif()
+  list(REMOVE_DUPLICATES groups)
+  foreach(group IN LISTS groups)
+    string(REPLACE "|" ";" group "${group}")
+    list(GET group 0 suite)
+    list(GET group 1 tier)
+    string(MAKE_C_IDENTIFIER "${suite}" suite_id)
+    set(members ${tests_${suite_id}_${tier}})
+    list(LENGTH members count)
+    list(LENGTH tests_${suite_id} suite_count)
     set(entry "${suite}.*")
-    list(FIND tandem_fast_entries "${entry}" taken)
-    if(NOT taken EQUAL -1)
-      set(entry "${suite}.* (tandem_${folder}_tests)")
+    set(filter "${suite}.*")
+    if(NOT count EQUAL suite_count)
+      set(entry "${suite}.* (${tier})")
+      list(JOIN members ":" filter)
     endif()
-    list(APPEND tandem_fast_entries "${entry}")
-    add_test("${entry}" "${program}" "--gtest_filter=${filter}")
-    set_tests_properties("${entry}" PROPERTIES LABELS "fast;${folder}" TIMEOUT 300
-                         WORKING_DIRECTORY "${tandem_test_working_dir}")
+    list(FIND tandem_entries "${entry}" taken)
+    if(NOT taken EQUAL -1)
+      set(entry "${entry} (tandem_${folder}_tests)")
+    endif()
+    list(APPEND tandem_entries "${entry}")
+    tandem_add_entry("${entry}" "${program}" "${filter}" ${tier} ${folder} ${count})
+  endforeach()
+  foreach(group IN LISTS groups)
+    string(REPLACE "|" ";" group "${group}")
+    list(GET group 0 suite)
+    list(GET group 1 tier)
+    string(MAKE_C_IDENTIFIER "${suite}" suite_id)
+    unset(tests_${suite_id})
+    unset(tests_${suite_id}_${tier})
   endforeach()
 endwhile()

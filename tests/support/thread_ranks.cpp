@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,14 @@
 namespace tandem::testing {
 
 namespace {
+
+// LibTorch 2.x's flight recorder (a per-process ring of the last collectives, for post-mortems) is one singleton whose
+// recording of a new process group is not safe against two threads doing it at once: thread ranks are several ranks
+// in one process, and they segfaulted there about one run in four (gdb: two ranks inside
+// FlightRecorder::recordWithResetEnabled's map insert, both from ProcessGroupGloo::enqueue). A real rank is its own
+// process and records from one thread. A buffer of 0 turns the recorder off; it is read when the first process group
+// is made, so it is set before main. LibTorch 1.13 has no recorder and ignores it.
+const bool flight_recorder_off = [] { return setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/1) == 0; }();
 
 // Runs rank_body(rank) on world_size threads and rethrows the first failure once all have finished.
 void on_rank_threads(int world_size, const std::function<void(int rank)>& rank_body) {
