@@ -17,8 +17,11 @@ using namespace std::chrono_literals;
 
 // What one enter() may cost, whatever the number of agents: a few reads and one slot. A poll_round() costs as
 // much, plus, once per keep-alive interval, a read of every other waiting slot's beat (only live agents become
-// members): linear in the agents, like a heartbeat tick.
+// members), and, in the poll after a slot was given back, a read of every slot's mark to learn which: at most
+// two reads per agent, linear in the agents like a heartbeat tick. (A poll that does both is rare, and depends on
+// when the phantom leaves: CI saw 432 operations in 16 polls at 16 agents, 11 over one read per agent.)
 constexpr int64_t kFewOperations = 10;
+constexpr int64_t kReadsPerAgentInAPoll = 2;
 
 class RendezvousSimulation : public ::testing::Test {
  protected:
@@ -56,8 +59,8 @@ TEST_F(RendezvousSimulation, EveryAgentEntersWithAFewOperationsAndPollsAtMostLin
       operations += result.poll_traffic[i].operations;
     }
     ASSERT_GT(polls, 0);
-    EXPECT_LE(operations, (agents + kFewOperations) * polls)
-        << agents << " agents: a poll_round() reads more than every waiting slot once and a few keys";
+    EXPECT_LE(operations, (kReadsPerAgentInAPoll * agents + kFewOperations) * polls)
+        << agents << " agents: a poll_round() reads more than every slot's beat and mark once and a few keys";
   }
 }
 
