@@ -5,9 +5,9 @@
 # The tests of one suite and tier share one entry (`DdpParity.*`), run in one process with `--gtest_filter`: starting
 # a test program, which loads LibTorch, takes longer than most tests do, fast or not, and the bad-input tables alone
 # are over 200 rows that each start `tandem` once. A suite whose tests span tiers has an entry per tier
-# (`FsdpShardedCheckpoint.* (processes)`). The `slow` and `hosts` tiers stay one entry per test, as gtest names it,
-# since each of their tests is long enough that two entries sharing the two cores matters more than a start, and so
-# does `gpu`, so that each of its tests shows as skipped on a machine without one. An
+# (`FsdpShardedCheckpoint.* (processes)`), and a suite that builds something once for all its tests
+# (`RendezvousSimulation`'s simulation) builds it once. The `hosts` and `gpu` tests stay one entry per test, as gtest
+# names it, so that each shows as skipped on its own on a machine without root or a GPU. An
 # entry's deadline is 300 s per test it runs; each test that starts processes also has its own deadline inside. A
 # failing entry ends with gtest's list of the tests that failed.
 #
@@ -52,7 +52,7 @@ function(tandem_tier_of name out_var)
 endfunction()
 
 # The tiers whose every test is an entry of its own.
-set(tandem_tiers_one_entry_per_test slow hosts gpu)
+set(tandem_tiers_one_entry_per_test hosts gpu)
 
 function(tandem_add_entry entry program filter tier folder test_count)
   math(EXPR deadline "300 * ${test_count}")
