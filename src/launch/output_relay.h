@@ -5,14 +5,16 @@
 // ranks never mix, and unprefixed to the rank's log file.
 //
 // Private to the launcher; everything here runs on the thread that called launch().
+#include <set>
 #include <string>
 
 #include "tandem/launch/line_buffer.h"
 
 namespace tandem::launch {
 
-// Writes everything, or gives up quietly when the reader is gone: worker output must never stop the launcher.
-void write_all(int fd, const std::string& text);
+// Writes everything, or gives up when `fd` refuses: returns false with errno set (a reader gone, a full disk).
+// Worker output must never stop the launcher, so callers decide what a refusal costs.
+bool write_all(int fd, const std::string& text);
 
 // The launcher's own report about its workers, one line on stderr: "tandem run: " + message.
 void report(const std::string& message);
@@ -24,10 +26,11 @@ struct OutputStream {
   int terminal_fd = -1;  // the launcher's own stdout or stderr
   bool terminal_is_tty = false;
   int log_fd = -1;  // the rank's log file, or -1; owned by the launcher, which keeps it across attempts
+  std::string log_path;
   LineBuffer lines;
 
   // The stream read from `pipe_fd`, which it makes non-blocking and owns from here on.
-  static OutputStream from_pipe(int pipe_fd, int rank, int terminal_fd, int log_fd);
+  static OutputStream from_pipe(int pipe_fd, int rank, int terminal_fd, int log_fd, const std::string& log_path);
 };
 
 // Passes the lines of every worker's streams on. One relay serves all of them, because they share the
@@ -41,8 +44,11 @@ class OutputRelay {
 
  private:
   void emit(const OutputStream& stream, const std::string& line, bool partial);
+  void write_log(const OutputStream& stream, const std::string& line);
 
   bool partial_line_shown_ = false;  // the terminal's last line is a partial one (see emit)
+  // Log files that refused a write: said once, then left alone (a full disk, an I/O error).
+  std::set<int> refusing_logs_;
 };
 
 }  // namespace tandem::launch

@@ -154,8 +154,10 @@ void Supervisor::start_workers(const LaunchPlan& plan, int restart,
     if (process.exec_errno == 0) {
       worker.pid = process.pid;
       worker.running = true;
-      worker.out = OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd);
-      worker.err = OutputStream::from_pipe(process.stderr_fd, worker.exit.rank, STDERR_FILENO, worker.log_fd);
+      worker.out =
+          OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd, worker.log_path);
+      worker.err =
+          OutputStream::from_pipe(process.stderr_fd, worker.exit.rank, STDERR_FILENO, worker.log_fd, worker.log_path);
       continue;
     }
     end_.kind = AttemptEnd::Kind::kNotRun;

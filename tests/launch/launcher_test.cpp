@@ -212,6 +212,31 @@ TEST(TandemRun, LogDirHoldsEachRanksLines) {
   }
 }
 
+// A log file on a full disk (here /dev/full, which refuses every write with ENOSPC) loses the rank's lines: the
+// launcher says so once, naming the file, and the run goes on with every line on the terminal.
+TEST(TandemRun, ALogFileOnAFullDiskIsOneLineAndTheLinesStillReachTheTerminal) {
+  ScratchDir dir;
+  const std::string logs = dir / "logs";
+  std::filesystem::create_directories(logs);
+  std::filesystem::create_symlink("/dev/full", logs + "/rank1.log");
+  ProcessResult result =
+      tandem_run({"--nproc-per-node", "2", "--log-dir", logs, "--", "sh", "-c", "echo one $RANK; echo two $RANK"});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  const std::string refusal = "tandem run: cannot write rank 1's log file '" + logs +
+                              "/rank1.log' (No space left on device); its later lines reach only the terminal; free "
+                              "space on that disk, or log to another folder\n";
+  EXPECT_TRUE(contains(result.output, refusal)) << result.output;
+  EXPECT_EQ(result.output.find("cannot write"), result.output.rfind("cannot write")) << "said more than once:\n"
+                                                                                      << result.output;
+  for (const std::string line : {"one", "two"}) {
+    for (const std::string rank : {"0", "1"}) {
+      EXPECT_TRUE(contains(result.output, "[" + rank + "] " + line + " " + rank + "\n")) << result.output;
+    }
+    EXPECT_TRUE(contains(read_file(logs + "/rank0.log"), line + " 0\n"));
+  }
+}
+
 TEST(TandemRun, FailureLineNamesTheLogFile) {
   ScratchDir dir;
   ProcessResult result = tandem_run(
