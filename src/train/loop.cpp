@@ -209,7 +209,10 @@ StepStatistics Run::shadow_step(int epoch, int64_t batch_index) {
 void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
                         std::chrono::steady_clock::time_point start) {
   bool stepped = false;
-  {
+  // A step without a sample on any rank (every image of its batches unreadable, under skip_bad_images) has a zero
+  // gradient everywhere, and stepping on it would still move the weights by momentum and weight decay: the
+  // optimizer and the scaler leave it, as the scaler leaves a step that overflowed. The count is every rank's.
+  if (stats.samples > 0) {
     monitor::TimelineSpan span(timeline_, monitor::SpanKind::kOptimizer);
     stepped = strategy_->step([&] { return scaler_.step(optimizer_); });
     scaler_.update();

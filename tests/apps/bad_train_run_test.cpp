@@ -20,6 +20,7 @@
 
 #include "support/bad_input.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 #include "support/tiny_datasets.h"
 #include "tandem/checkpoint/safetensors.h"
 
@@ -28,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::make_temp_dir;
+using testing::read_lines;
 
 constexpr const char* kFirstCheckpoint = "checkpoint-0001-00000000.safetensors";
 
@@ -282,6 +284,16 @@ TEST(TrainRunOutput, ABatchThatLosesEveryImageAfterGoodOnesIsCountedAndTheRunGoe
                                "batches lost every image"),
             std::string::npos)
       << result.output;
+  // The emptied step has no gradient anywhere: the optimizer leaves it (momentum and weight decay would move the
+  // weights on a zero gradient), and its record says so.
+  const std::vector<std::string> steps = read_lines(run_dir + "/steps.jsonl");
+  ASSERT_EQ(steps.size(), 3u) << result.output;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool emptied = i == 1;
+    EXPECT_NE(steps[i].find(emptied ? "\"optimizer_stepped\":false" : "\"optimizer_stepped\":true"),
+              std::string::npos)
+        << "step " << i + 1 << ": " << steps[i];
+  }
 }
 
 // A ResNet's last BatchNorm sees 1x1 pixels at --image-size 32, so a batch of 1 is one value per channel: LibTorch's

@@ -18,6 +18,7 @@
 #include "support/gpu.h"
 #include "support/tiny_datasets.h"
 #include "support/processes.h"
+#include "support/scratch_dir.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/checkpoint_folder.h"
 #include "tandem/checkpoint/safetensors.h"
@@ -29,6 +30,7 @@ namespace tandem::train {
 namespace {
 
 using testing::make_temp_dir;
+using testing::read_lines;
 using testing::write_tiny_image_folder;
 using testing::write_tiny_mnist;
 
@@ -110,13 +112,6 @@ TEST(TrainProcesses, DataFolderThatIsNeitherKindFailsWithOneLineSayingWhatWasExp
                             "--threads", "1", "--run-dir", make_temp_dir("image_size_run")});
   EXPECT_NE(sized.exit_code, 0) << sized.output;
   EXPECT_NE(sized.output.find("--image-size 32:"), std::string::npos) << sized.output;
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
 }
 
 void expect_same_weights(const std::string& expected_path, const std::string& actual_path) {

@@ -1,6 +1,6 @@
 #pragma once
 // A fresh directory for one test's files (pid files, logs, run dirs), removed with everything in it when the
-// test ends.
+// test ends, and reading a file back.
 #include <stdlib.h>
 
 #include <filesystem>
@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace tandem::testing {
 
@@ -35,6 +36,14 @@ inline std::string read_file(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The file's lines, without their newlines; none if it cannot be read.
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
 }
 
 }  // namespace tandem::testing
