@@ -63,6 +63,9 @@ inline const std::vector<OptionName>& option_names() {
       {"tensorboard", "--no-tensorboard", true},
       {"report", "--no-report", true},
       {"timeline_path", "--timeline"},
+      // Set from `tandem run --recovery in-job` (TANDEM_RECOVERY), which has the flag.
+      {"in_job_recovery", "--recovery in-job"},
+      {"recovery", "--recovery"},
       {"timeline_steps", "--timeline-steps"},
       // TrainingProgramOptions (apps/program/training_program.h)
       {"model", "--model"},

@@ -56,6 +56,8 @@ constexpr const char* kRunFooter =
     "workers start again, with TORCHELASTIC_RESTART_COUNT 1, 2, ... N (0 at first) and TORCHELASTIC_MAX_RESTARTS N.\n"
     "Every attempt gets the same TORCHELASTIC_RUN_ID (--run-id), so tandem train without --run-dir continues the\n"
     "run of the first attempt (runs/<run id>) from its newest checkpoint.\n"
+    "With --recovery in-job a lost worker (other than rank 0, whose loss restarts the group) stops nobody: the\n"
+    "others go on without it within a second, and its replacement joins them at a step boundary.\n"
     "SIGINT/SIGTERM/SIGHUP are forwarded to every worker, and end the run without a restart.\n"
     "Elastic jobs (torchrun's c10d rendezvous): on every node,\n"
     "  tandem run --nnodes MIN:MAX --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID -- CMD...\n"
@@ -112,6 +114,14 @@ std::function<int()> define_run(CLI::App& command) {
                      "job)")
       ->capture_default_str()
       ->check(between<int>(0, kMaxRestarts));
+  command
+      .add_option_function<std::string>(
+          "--recovery", [flags](const std::string& name) { flags->options.recovery = launch::parse_recovery(name); },
+          "What a lost worker costs the others. restart: all stop and start again from the newest checkpoint. "
+          "in-job: the others keep training without it, and take in a replacement (counted by --max-restarts) "
+          "healed from a peer over the network (one node; tandem train with --strategy ddp; docs/recovery.md)")
+      ->default_str("restart")
+      ->check(CLI::IsMember({"restart", "in-job"}));
   command.add_option("--run-id,--rdzv-id,--rdzv_id", o.run_id,
                      "The job's id, shared by every restart (TORCHELASTIC_RUN_ID; default: the start time and the "
                      "launcher's pid; required, the same on every node, with --rdzv-backend c10d). tandem train "

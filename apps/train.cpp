@@ -150,6 +150,7 @@ int run_train(TrainFlags& flags) {
   loop.precision = amp::parse_precision(flags.precision);
   loop.strategy = train::parse_strategy(flags.strategy);
   loop.checkpoint_format = checkpoint::parse_checkpoint_format(flags.checkpoint_format);
+  loop.in_job_recovery = comm::in_job_recovery_requested();
   check_given_flags(flags);
   if (!flags.normalize.empty()) flags.options.data.normalization = data::parse_normalization(flags.normalize);
   // Before the rendezvous: every rank refuses alike, and none waits for a peer to learn that its flags are wrong.

@@ -55,6 +55,7 @@ set(tandem_tier_processes
   "FlagChecks.*" "FsdpShardedCheckpoint.*" "FsdpTrain.*" "OptionNames.*" "ProgramHelp.*" "ReportCommand.*"
   "TrainCommand.*" "TrainProcesses.*" "TrainRunOutput.*" "InteractionMatrix.*" "TrainTimeline.*"
   "ProgressBar.*" "SharedRunDir.*" "TandemRun.*" "Restart.*" "ElasticAgent.*"
+  "InJobRecovery.*"
   # ranks as processes of the test program
   "BareModule.*" "DdpProcesses.*" "DeadPeer.*" "FsdpDefaultGroup.*" "FsdpMixedPrecision.*" "Join.*"
   "PowerSgdParity.*" "ProcessCollectives.*" "Rendezvous.*" "ZeroProcesses.*"

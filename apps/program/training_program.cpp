@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "tandem/checkpoint/weights.h"
+#include "tandem/comm/process_group.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/data_folder.h"
 #include "tandem/dp/data_parallel.h"
@@ -124,7 +125,22 @@ void validate_fsdp(const TrainingProgramOptions& o) {
 
 }  // namespace
 
+// What in-job recovery cannot carry over to a new membership, besides the loop's own refusals: SyncBatchNorm's
+// layers and a sharded optimizer hold the first membership's group.
+void validate_recovery(const TrainingProgramOptions& o) {
+  if (o.sync_bn) {
+    throw InvalidArgument("--sync-bn cannot be combined with tandem run's --recovery in-job yet: the SyncBatchNorm "
+                          "layers keep the group of the first membership; drop one of them");
+  }
+  if (o.zero) {
+    throw InvalidArgument("--zero cannot be combined with tandem run's --recovery in-job: a lost rank's share of the "
+                          "optimizer state is on no other rank; drop --zero, or recover by --recovery restart");
+  }
+  train::validate(o.loop, 1);
+}
+
 void validate(const TrainingProgramOptions& o) {
+  if (o.loop.in_job_recovery) validate_recovery(o);
   if (o.loop.strategy == Strategy::kFsdp) validate_fsdp(o);
   // The loop's refusal of sharded checkpoints without fsdp, before the rendezvous (it needs no world size).
   if (o.loop.checkpoint_format == checkpoint::CheckpointFormat::kSharded) train::validate(o.loop, 1);
@@ -153,7 +169,9 @@ void validate(const TrainingProgramOptions& o) {
 train::TrainResult run_training(const TrainingProgramOptions& given, const comm::CommunicatorPtr& communicator) {
   comm::Communicator* group = communicator.get();
   const int world = group ? group->world_size() : 1;
-  const bool is_main = !group || group->rank() == 0;
+  // Under in-job recovery a process without a group is a lost worker's replacement, which the loop takes in.
+  const bool replacement = given.loop.in_job_recovery && !group;
+  const bool is_main = (!group || group->rank() == 0) && !replacement;
   // The loop multiplies the rate by the world size into a float32 scalar: --lr's own range cannot see the world.
   const double scaled_lr = given.loop.scale_lr_by_world_size ? given.lr * world : given.lr;
   if (scaled_lr > std::numeric_limits<float>::max()) {
@@ -209,8 +227,10 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
                                                         optim::make_optimizer<torch::optim::SGD>(sgd), communicator))
                    : fit(torch::optim::SGD(nn::trainable_parameters(model), sgd));
 
-  comm::run_on_all_ranks(group, "to save --save-weights", [&] {
-    if (is_main && !options.save_weights.empty()) {
+  // In-job recovery may have changed the group during the run: the one training ended with saves.
+  const comm::CommunicatorPtr last = options.loop.in_job_recovery ? default_group().communicator_ptr() : communicator;
+  comm::run_on_all_ranks(last.get(), "to save --save-weights", [&] {
+    if ((!last || last->rank() == 0) && !options.save_weights.empty()) {
       checkpoint::save_weights(*model.module.ptr(), options.save_weights,
                           {{"model", options.model}, {"step", std::to_string(result.steps)}});
       log::write("", "wrote weights to " + options.save_weights);

@@ -158,7 +158,11 @@ WorkPtr Communicator::issue(CollectiveSignature signature, const std::function<W
   const std::string operation = signature.kind;
   const uint64_t sequence = tracker_->begin(std::move(signature));
   if (compare_before_every_collective_) tracker_->agree(sequence, timeout_);
-  auto report_failure = [tracker = tracker_, operation, sequence, timeout = timeout_](const std::exception& error) {
+  auto report_failure = [tracker = tracker_, operation, sequence, timeout = timeout_, diagnose = diagnose_failures_,
+                         where = fmt::format("{}/{}", rank_, world_size_)](const std::exception& error) {
+    if (!diagnose) {
+      throw CommError(fmt::format("{} #{} on rank {} failed: {}", operation, sequence, where, first_line(error.what())));
+    }
     tracker->fail(operation, sequence, error.what(), timeout);
   };
   WorkPtr backend_work;

@@ -1,4 +1,4 @@
-#include "launcher_file_store.h"
+#include "tandem/comm/launcher_file_store.h"
 
 #include <c10/util/intrusive_ptr.h>
 #include <fmt/format.h>

@@ -12,11 +12,12 @@ std::unique_ptr<ProcessGroup> default_group_;
 }  // namespace
 
 ProcessGroup::ProcessGroup(comm::RankLayout layout, torch::Device device, comm::StorePtr store,
-                           comm::CommunicatorPtr communicator)
+                           comm::CommunicatorPtr communicator, std::shared_ptr<comm::Membership> membership)
     : layout_(std::move(layout)),
       device_(device),
       store_(std::move(store)),
-      communicator_(std::move(communicator)) {}
+      communicator_(std::move(communicator)),
+      membership_(std::move(membership)) {}
 
 ProcessGroup& init_process_group(const InitOptions& options) {
   if (default_group_) throw InvalidArgument("init_process_group() was already called in this process");
@@ -27,9 +28,27 @@ ProcessGroup& init_process_group(const InitOptions& options) {
   make_current(device);
   std::string backend = options.backend.empty() ? comm::default_backend(device) : options.backend;
   comm::StorePtr store = comm::make_rendezvous_store(backend, options.init_method, layout, options.timeout);
-  if (layout.distributed()) comm::join(store, layout.rank, layout.world_size, options.timeout);
-  comm::CommunicatorPtr communicator = comm::make_communicator(backend, store, layout, options.timeout, device);
-  default_group_ = std::make_unique<ProcessGroup>(layout, device, store, communicator);
+  const comm::RecoveryRole role = comm::recovery_role(backend, layout);
+  if (layout.distributed() && role != comm::RecoveryRole::kReplacement) {
+    comm::join(store, layout.rank, layout.world_size, options.timeout);
+  }
+  comm::CommunicatorPtr communicator =
+      role == comm::RecoveryRole::kReplacement ? nullptr
+                                               : comm::make_communicator(backend, store, layout, options.timeout, device);
+  std::shared_ptr<comm::Membership> membership;
+  if (role != comm::RecoveryRole::kNone) {
+    // An epoch's communicator is this backend's over the epoch's keys, its ranks numbered among the members.
+    auto connect = [backend, layout, timeout = options.timeout, device](const comm::StorePtr& epoch_store, int rank,
+                                                                         int world) {
+      comm::RankLayout epoch_layout = layout;
+      epoch_layout.rank = rank;
+      epoch_layout.world_size = world;
+      return comm::make_communicator(backend, epoch_store, epoch_layout, timeout, device);
+    };
+    membership = std::make_shared<comm::Membership>(store, layout.rank, layout.world_size, connect, communicator,
+                                                    options.timeout);
+  }
+  default_group_ = std::make_unique<ProcessGroup>(layout, device, store, communicator, std::move(membership));
   return *default_group_;
 }
 

@@ -12,7 +12,7 @@
 #include <optional>
 #include <thread>
 
-#include "launcher_file_store.h"
+#include "tandem/comm/launcher_file_store.h"
 #include "tandem/comm/store_probe.h"
 #include "tandem/util/call_within.h"
 #include "tandem/util/error.h"
@@ -148,6 +148,10 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   return text;
 }
 
+StorePtr attempt_keys(const StorePtr& store, int restart_count) {
+  return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", restart_count), store);
+}
+
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout) {
   if (init_method == "env://") {
     if (!layout.store_file.empty()) return open_launcher_file_store(layout.store_file, layout.world_size, timeout);
@@ -155,7 +159,7 @@ StorePtr make_store(const std::string& init_method, const RankLayout& layout, st
         make_tcp_store(layout.master_addr, layout.master_port, layout.launcher_serves_store, layout, timeout);
     // The launcher's store outlives its attempts; PyTorch's env:// names each attempt's keys the same way.
     if (!layout.launcher_serves_store) return store;
-    return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", layout.restart_count), store);
+    return attempt_keys(store, layout.restart_count);
   }
   const std::string tcp = "tcp://";
   const std::string file = "file://";

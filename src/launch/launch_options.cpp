@@ -251,6 +251,13 @@ void plan_restarts(const LaunchOptions& options, LaunchPlan& plan) {
         options.max_restarts, plan.nnodes));
   }
   plan.max_restarts = options.max_restarts;
+  // A replacement is taken in by the launcher that sees its worker go; across nodes the agents would have to
+  // decide each membership together.
+  if (options.recovery == Recovery::kInJob && (plan.nnodes > 1 || plan.elastic)) {
+    throw InvalidArgument("`recovery` in-job runs on one node for now: drop `nnodes` and the elastic flags, or use "
+                          "`recovery` restart across nodes");
+  }
+  plan.recovery = options.recovery;
   plan.log_dir = options.log_dir;
   if (!options.run_id.empty() && !is_folder_name(options.run_id)) {
     throw InvalidArgument(fmt::format(
@@ -274,6 +281,15 @@ LaunchPlan plan_launch(const LaunchOptions& options, int gpu_count, const Proces
   plan_store_address(options, plan);
   plan_restarts(options, plan);
   return plan;
+}
+
+std::string to_string(Recovery recovery) { return recovery == Recovery::kInJob ? "in-job" : "restart"; }
+
+Recovery parse_recovery(const std::string& name) {
+  for (Recovery recovery : {Recovery::kRestart, Recovery::kInJob}) {
+    if (name == to_string(recovery)) return recovery;
+  }
+  throw InvalidArgument(fmt::format("`recovery` '{}' is not one of restart, in-job", name));
 }
 
 }  // namespace tandem::launch

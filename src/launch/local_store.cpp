@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tandem/comm/launcher_file_store.h"
+#include "tandem/comm/rendezvous.h"
 #include "tandem/util/compat.h"
 #include "tandem/util/error.h"
 
@@ -119,6 +121,12 @@ std::map<std::string, std::string> LocalStore::worker_variables(int restart_coun
   if (tcp_store_) return {{"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   // The keys of earlier attempts stay in their files; a new file starts empty.
   return {{"TANDEM_STORE_FILE", fmt::format("{}/store{}", file_store_directory_, restart_count)}};
+}
+
+c10::intrusive_ptr<c10d::Store> LocalStore::attempt_store(int restart_count, int workers) const {
+  if (tcp_store_) return comm::attempt_keys(tcp_store_, restart_count);
+  return comm::open_launcher_file_store(worker_variables(restart_count).at("TANDEM_STORE_FILE"), workers,
+                                        std::chrono::hours(1));
 }
 
 LocalStore::~LocalStore() {

@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
+#include "tandem/comm/membership.h"
 #include "tandem/launch/worker_environment.h"
 #include "tandem/util/error.h"
 #include "worker_process.h"
@@ -27,6 +29,8 @@ constexpr std::chrono::seconds kKillWait{10};
 // While stopping, how often to look whether the workers' process groups are empty: members that are not the
 // launcher's children send it no SIGCHLD.
 constexpr int kStopPollMs = 20;
+// Under in-job recovery, while a replacement starts: how often to look in the store whether it is ready.
+constexpr int kReadyPollMs = 20;
 
 }  // namespace
 
@@ -107,7 +111,13 @@ std::vector<std::string> Supervisor::environment_for(const LaunchPlan& plan, int
 }
 
 AttemptEnd Supervisor::run_attempt(const LaunchPlan& plan, int restart_count,
-                                   const std::map<std::string, std::string>& store_variables, int stop_fd) {
+                                   const std::map<std::string, std::string>& store_variables, int stop_fd,
+                                   InJobRecovery* recovery) {
+  plan_ = &plan;
+  restart_ = restart_count;
+  store_variables_ = &store_variables;
+  recovery_ = recovery;
+  replacements_due_.clear();
   workers_.assign(static_cast<size_t>(plan.nproc_per_node), Worker{});
   for (int local = 0; local < plan.nproc_per_node; ++local) {
     Worker& worker = workers_[static_cast<size_t>(local)];
@@ -149,24 +159,79 @@ void Supervisor::start_workers(const LaunchPlan& plan, int restart,
   // and know when a worker's whole process group is gone.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   for (Worker& worker : workers_) {
-    WorkerProcess process = spawn_worker(
-        plan.command, environment_for(plan, worker.local_rank, restart, store_variables), worker.exit.rank);
-    if (process.exec_errno == 0) {
-      worker.pid = process.pid;
-      worker.running = true;
-      worker.out =
-          OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd, worker.log_path);
-      worker.err =
-          OutputStream::from_pipe(process.stderr_fd, worker.exit.rank, STDERR_FILENO, worker.log_fd, worker.log_path);
-      continue;
+    if (!start_worker(worker, environment_for(plan, worker.local_rank, restart, store_variables),
+                      plan.command.front())) {
+      return;
     }
-    end_.kind = AttemptEnd::Kind::kNotRun;
-    end_.exec_failure_code = process.exec_errno == ENOENT ? 127 : 126;
-    end_.exec_failure = exec_failure_message(plan.command.front(), worker.exit.rank, process.exec_errno);
-    cause_known_ = true;
-    begin_stop(SIGTERM);
-    return;
   }
+}
+
+bool Supervisor::start_worker(Worker& worker, const std::vector<std::string>& environment,
+                              const std::string& program) {
+  WorkerProcess process = spawn_worker(plan_->command, environment, worker.exit.rank);
+  if (process.exec_errno == 0) {
+    worker.pid = process.pid;
+    worker.running = true;
+    worker.out =
+        OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd, worker.log_path);
+    worker.err =
+        OutputStream::from_pipe(process.stderr_fd, worker.exit.rank, STDERR_FILENO, worker.log_fd, worker.log_path);
+    return true;
+  }
+  end_.kind = AttemptEnd::Kind::kNotRun;
+  end_.exec_failure_code = process.exec_errno == ENOENT ? 127 : 126;
+  end_.exec_failure = exec_failure_message(program, worker.exit.rank, process.exec_errno);
+  cause_known_ = true;
+  begin_stop(SIGTERM);
+  return false;
+}
+
+// A lost worker that in-job recovery recovers stops nobody: the members go on without it, and its replacement,
+// if one is allowed, starts at the next turn of the supervising loop.
+bool Supervisor::recovers(const Worker& worker) {
+  if (recovery_ == nullptr) return false;
+  int members_running = 0;
+  for (const Worker& other : workers_) members_running += other.running && !other.awaiting ? 1 : 0;
+  const InJobRecovery::Loss loss =
+      recovery_->lose(worker.local_rank, worker.exit.signal != 0 ? -1 : worker.exit.exit_code, members_running);
+  if (!loss.recovered) return false;
+  const std::string next =
+      loss.replace ? fmt::format("; starting its replacement (restart {} of {})",
+                                 plan_->max_restarts - recovery_->replacements_left(), plan_->max_restarts)
+                   : "; no restart is left to replace it";
+  report(fmt::format("rank {} {}; the other {} worker(s) go on without it (in-job recovery){}", worker.exit.rank,
+                     worker.exit.describe(), members_running, next));
+  if (loss.replace) replacements_due_.push_back(worker.local_rank);
+  return true;
+}
+
+void Supervisor::recover_in_job() {
+  for (int local_rank : std::exchange(replacements_due_, {})) {
+    Worker replacement;
+    replacement.local_rank = local_rank;
+    replacement.exit.rank = plan_->global_rank(local_rank);
+    replacement.log_path = plan_->log_path(local_rank);
+    replacement.log_fd = log_fd(replacement.log_path);
+    replacement.awaiting = true;
+    std::map<std::string, std::string> variables = *store_variables_;
+    variables[comm::kReplacementVariable] = "1";
+    workers_.push_back(std::move(replacement));
+    if (!start_worker(workers_.back(), environment_for(*plan_, local_rank, restart_, variables),
+                      plan_->command.front())) {
+      return;
+    }
+  }
+  for (int slot : recovery_->take_in_ready()) {
+    for (Worker& worker : workers_) worker.awaiting = worker.awaiting && !(worker.local_rank == slot && worker.running);
+    report(fmt::format("rank {}'s replacement is taken in (membership epoch {})", slot, recovery_->epoch()));
+  }
+  // Every member is done: a replacement still waiting to be taken in would wait for nobody.
+  bool member_running = false, replacement_waiting = false;
+  for (const Worker& worker : workers_) {
+    member_running = member_running || (worker.running && !worker.awaiting);
+    replacement_waiting = replacement_waiting || (worker.running && worker.awaiting);
+  }
+  if (!member_running && replacement_waiting) begin_stop(SIGTERM);
 }
 
 void Supervisor::supervise(int stop_fd) {
@@ -199,7 +264,9 @@ void Supervisor::supervise(int stop_fd) {
         streams.push_back(stream);
       }
     }
-    int timeout_ms = phase_ == Phase::kRunning ? -1 : kStopPollMs;
+    // A replacement says that it is ready in the store, which has no descriptor to poll.
+    const bool awaiting = recovery_ != nullptr && recovery_->awaiting_replacements();
+    int timeout_ms = phase_ != Phase::kRunning ? kStopPollMs : awaiting ? kReadyPollMs : -1;
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       throw Error(fmt::format("poll failed while supervising the workers: {}", std::strerror(errno)));
     }
@@ -212,6 +279,7 @@ void Supervisor::supervise(int stop_fd) {
     for (size_t i = first_stream; i < fds.size(); ++i) {
       if (fds[i].revents != 0) output_.read(*streams[i - first_stream]);
     }
+    if (recovery_ != nullptr && phase_ == Phase::kRunning) recover_in_job();
   }
   // Output still buffered in pipes held by a process that escaped the process groups is read, not waited for.
   for (Worker& worker : workers_) {
@@ -267,6 +335,7 @@ void Supervisor::on_worker_exit(Worker& worker, int status) {
   if (WIFSIGNALED(status)) worker.exit.signal = WTERMSIG(status);
   // Only the first failure counts: the others are usually the workers this launcher is stopping.
   if (phase_ == Phase::kRunning && !cause_known_ && worker.exit.failed()) {
+    if (recovers(worker)) return;
     end_.kind = AttemptEnd::Kind::kFailed;
     end_.failure = worker.exit;
     end_.failed_log_path = worker.log_path;

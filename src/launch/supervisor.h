@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "in_job_recovery.h"
 #include "output_relay.h"
 #include "signal_relay.h"
 #include "tandem/launch/launch_options.h"
@@ -58,8 +59,13 @@ class Supervisor {
   // ends kStopped, unless a failure or a signal came first. Log files (plan.log_dir) are truncated when this
   // Supervisor first opens them and receive every later attempt. Throws InvalidArgument when the log directory
   // cannot be written; no worker has started then.
+  //
+  // `recovery` (or null): under in-job recovery, a failed worker that it recovers stops nobody; its replacement
+  // starts in its place when `recovery` allows one, with the same variables and TANDEM_RECOVERY_REPLACEMENT=1,
+  // and replacements that members no longer wait for are stopped once every member is done.
   AttemptEnd run_attempt(const LaunchPlan& plan, int restart_count,
-                         const std::map<std::string, std::string>& store_variables, int stop_fd = -1);
+                         const std::map<std::string, std::string>& store_variables, int stop_fd = -1,
+                         InJobRecovery* recovery = nullptr);
 
   // Between attempts: waits up to `wait` for a signal to the launcher and returns it (0 if none came), reaping
   // children meanwhile. Where an attempt already ended kSignalled, returns that signal at once.
@@ -78,6 +84,7 @@ class Supervisor {
     OutputStream err;
     int log_fd = -1;  // owned by log_fds_
     std::string log_path;
+    bool awaiting = false;  // a replacement not yet taken in (in-job recovery)
   };
   enum class Phase { kRunning, kStopping, kKilling };
 
@@ -85,6 +92,11 @@ class Supervisor {
   std::vector<std::string> environment_for(const LaunchPlan& plan, int local_rank, int restart,
                                            const std::map<std::string, std::string>& store_variables) const;
   void start_workers(const LaunchPlan& plan, int restart, const std::map<std::string, std::string>& store_variables);
+  // Starts `worker`'s process; false (and the attempt ends kNotRun) when the command cannot be executed.
+  bool start_worker(Worker& worker, const std::vector<std::string>& environment, const std::string& program);
+  // In-job recovery, between two polls: replacements due are started, and those that are ready taken in.
+  void recover_in_job();
+  bool recovers(const Worker& worker);
   void supervise(int stop_fd);
   void handle_signals();
   void on_launcher_signal(int signal);
@@ -99,7 +111,13 @@ class Supervisor {
   SignalRelay signals_;
   OutputRelay output_;
   std::map<std::string, int> log_fds_;  // path -> open file, across attempts
-  std::vector<Worker> workers_;
+  std::vector<Worker> workers_;  // a replacement is appended; its lost worker's entry stays, exited
+  // The current attempt's, for the replacements that in-job recovery starts during it.
+  const LaunchPlan* plan_ = nullptr;
+  int restart_ = 0;
+  const std::map<std::string, std::string>* store_variables_ = nullptr;
+  InJobRecovery* recovery_ = nullptr;
+  std::vector<int> replacements_due_;  // local ranks
   Phase phase_ = Phase::kRunning;
   std::chrono::steady_clock::time_point deadline_;
   AttemptEnd end_;

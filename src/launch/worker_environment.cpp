@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "tandem/comm/membership.h"
+
 namespace tandem::launch {
 
 int usable_cpu_count() {
@@ -31,6 +33,7 @@ std::map<std::string, std::string> worker_environment(const LaunchPlan& plan, in
       // Every attempt of the job shares it, so a restarted worker finds the run the first attempt began.
       {"TORCHELASTIC_RUN_ID", plan.run_id},
   };
+  if (plan.recovery == Recovery::kInJob) env[comm::kRecoveryVariable] = comm::kInJobRecovery;
   // N workers each running cpu_count OpenMP threads would oversubscribe the node N times over; a value the
   // user exported is a deliberate choice and is kept.
   if (!parent("OMP_NUM_THREADS")) {

@@ -24,6 +24,10 @@ class DdpStrategy : public ParallelStrategy {
                             "and name the hook in `comm_hook`");
     }
     require_full_checkpoint_format(options);
+    if (sharded_ && options.in_job_recovery) {
+      throw InvalidArgument("`in_job_recovery` needs a plain optimizer: a ZeroRedundancyOptimizer's shards of a lost "
+                            "rank are on no other rank");
+    }
     if (!options.uneven_inputs) return;
     // Uneven inputs leave the ranks at different batches; what needs them in step is refused.
     if (options.max_steps > 0) refuse_uneven_inputs("`max_steps` (ranks stop at different batches)");

@@ -27,6 +27,10 @@
 namespace tandem::train {
 namespace {
 
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -34,17 +38,23 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 TrainResult Run::execute() {
-  const RunStart start = start_run(options_, communicator_);
-  options_.run_dir = start.run_dir;
-  if (communicator_) {
-    data::verify_ranks_hold_same_data(*communicator_, *train_set_, "training data");
-    if (eval_set_) data::verify_ranks_hold_same_data(*communicator_, *eval_set_, "evaluation data");
+  RunStart start;
+  if (holds_state_) {
+    start = start_run(options_, communicator_);
+    options_.run_dir = start.run_dir;
+    if (communicator_) {
+      data::verify_ranks_hold_same_data(*communicator_, *train_set_, "training data");
+      if (eval_set_) data::verify_ranks_hold_same_data(*communicator_, *eval_set_, "evaluation data");
+    }
+    if (callbacks_.on_run_start) {
+      comm::run_on_all_ranks(communicator_, "at the run's start", [&] { callbacks_.on_run_start(options_.run_dir, start.checkpoint); });
+    }
+    wrap_model();
+    if (!start.checkpoint.empty()) resume_from(start.checkpoint);
+  } else {
+    // A lost worker's replacement: the run dir, the model and where training stands come from a member.
+    be_taken_in();
   }
-  if (callbacks_.on_run_start) {
-    comm::run_on_all_ranks(communicator_, "at the run's start", [&] { callbacks_.on_run_start(options_.run_dir, start.checkpoint); });
-  }
-  wrap_model();
-  if (!start.checkpoint.empty()) resume_from(start.checkpoint);
   TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
   train_loader_ = std::move(loaders.train);
   eval_loader_ = std::move(loaders.eval);
@@ -78,28 +88,66 @@ TrainResult Run::execute() {
 EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
   module_.train();
   if (callbacks_.on_epoch_start) {
-    comm::run_on_all_ranks(communicator_, "in on_epoch_start", [&] {
+    // A replacement taken in inside the epoch runs it alone: the others ran it when the epoch began.
+    const auto call = [&] {
       callbacks_.on_epoch_start(epoch);
       strategy_->after_user_code();
-    });
+    };
+    if (joined_in_epoch_) {
+      call();
+    } else {
+      comm::run_on_all_ranks(communicator_, "in on_epoch_start", call);
+    }
   }
-  // Inside a resumed epoch the loader starts where the checkpoint's batches reach in the epoch's order, on this
-  // run's layout: the samples before are never loaded. The epoch's steps are those before the resume and the
-  // ones its remaining batches make (rank 0's, the most under uneven inputs).
-  train_loader_->start_epoch(epoch, progress.first_position);
-  first_rank_batches_->set_epoch(epoch, progress.first_position);
-  const int64_t batches_left = first_rank_batches_->num_batches();
-  progress.steps_in_epoch =
-      progress.steps + (batches_left + options_.accumulate_batches - 1) / options_.accumulate_batches;
+  joined_in_epoch_ = false;
+  start_epoch_part(epoch, progress);
   // The bar counts to where max_steps stops the run, so that its ETA is the time to the stop.
   progress_->start_epoch(epoch, progress.batches_done,
                          options_.max_steps > 0 ? (options_.max_steps - step_) * options_.accumulate_batches : 0,
-                         progress.batches_done + batches_left);
+                         progress.batches_done + first_rank_batches_->num_batches());
   const auto start = std::chrono::steady_clock::now();
   const double earlier_seconds = progress.seconds;
   const auto seconds_so_far = [&] {
     return earlier_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  // Under in-job recovery the epoch goes on in parts, one per membership (run_recovery.cpp): a collective that
+  // fails for a lost rank, or a replacement announced at a step, ends a part, and the next goes on from the
+  // newest step any member completed with the rest of the epoch's samples.
+  while (true) {
+    try {
+      if (!train_epoch_part(epoch, progress, seconds_so_far)) break;
+    } catch (const CommError& error) {
+      if (!membership_) throw;
+      log::warn("a collective failed ({}); going on with the ranks that are left", first_line(error.what()));
+    }
+    change_membership(epoch, progress);
+    start_epoch_part(epoch, progress);
+  }
+  // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
+  // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
+  // generators after evaluation and on_epoch_end, as at every epoch end.
+  if (stop_ && progress.steps < progress.steps_in_epoch) {
+    rng_at_stop_ = checkpoint::gather_rng_states(communicator_, strategy_->devices());
+  }
+  progress.seconds = seconds_so_far();
+  progress_->end_epoch();
+  return progress;
+}
+
+// Inside a resumed epoch (or one whose membership changed) the loader starts where the batches done reach in the
+// epoch's order, on this layout: the samples before are never loaded. The epoch's steps are those done and the
+// ones its remaining batches make (rank 0's, the most under uneven inputs).
+void Run::start_epoch_part(int epoch, EpochProgress& progress) {
+  train_loader_->start_epoch(epoch, progress.first_position);
+  first_rank_batches_->set_epoch(epoch, progress.first_position);
+  const int64_t batches_left = first_rank_batches_->num_batches();
+  progress.steps_in_epoch =
+      progress.steps + (batches_left + options_.accumulate_batches - 1) / options_.accumulate_batches;
+}
+
+// The epoch's batches on this membership. Returns true when the membership is to change after the last step
+// trained (the launcher announced a new one), false at the epoch's end or the run's.
+bool Run::train_epoch_part(int epoch, EpochProgress& progress, const std::function<double()>& seconds_so_far) {
   // This rank's batches: under uneven inputs fewer than rank 0's on some ranks, which then shadow the rest.
   const int64_t batches_here = train_loader_->num_batches();
   const std::unique_ptr<ddp::Join> join = strategy_->join_uneven_inputs();
@@ -122,20 +170,15 @@ EpochProgress Run::train_epoch(int epoch, EpochProgress progress) {
       progress.seconds = seconds_so_far();
       write_checkpoint(checkpoint_state(epoch, progress));
     }
+    if (membership_ && stats.announced_membership > membership_->epoch()) return true;
   }
   if (join) {
     compat::drop_gradients(optimizer_);
     join->finish([&] { count_step(progress, shadow_step(epoch, progress.batches_done)); });
   }
-  // Inside an epoch: the generators as the uninterrupted run has them after this step, before this run's
-  // evaluation draws. At the epoch's end the uninterrupted run evaluates too, so the checkpoint takes the
-  // generators after evaluation and on_epoch_end, as at every epoch end.
-  if (stop_ && progress.steps < progress.steps_in_epoch) {
-    rng_at_stop_ = checkpoint::gather_rng_states(communicator_, strategy_->devices());
-  }
-  progress.seconds = seconds_so_far();
-  progress_->end_epoch();
-  return progress;
+  // Every member agrees that the part ended here: one whose last step failed learns it now, not in evaluation.
+  if (membership_) communicator_->barrier()->wait();
+  return false;
 }
 
 // Every rank counts every step of the epoch, shadowed ones too, so that the epoch's metrics agree.
@@ -180,7 +223,9 @@ StepStatistics Run::train_step(int epoch, int64_t batch_index, const std::vector
     step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
     samples += batch.size();
   }
-  const StepStatistics stats = reduce_step_statistics(step_loss, samples, seconds_since(start), rank_, communicator_);
+  const int64_t announced = membership_ && is_main_ ? membership_->published() : 0;
+  const StepStatistics stats =
+      reduce_step_statistics(step_loss, samples, seconds_since(start), rank_, communicator_, announced);
   if (!stats.nonfinite_ranks.empty()) {
     progress_->end_epoch();
     throw_nonfinite(stats, step_, epoch, batch_index);
@@ -224,7 +269,7 @@ void Run::complete_step(int epoch, int64_t batch_index, const StepStatistics& st
   if (records_) {
     const double seconds = seconds_since(start);
     records_->record_step({step_, epoch, batch_index, mean_loss, lr, scaler_.get_scale(), stepped, seconds,
-                           seconds > 0 ? stats.samples / seconds : 0.0, stats.rank_seconds});
+                           seconds > 0 ? stats.samples / seconds : 0.0, stats.samples, world_, unix_time(), stats.rank_seconds});
   }
   if (run_timeline_) run_timeline_->after_step(step_);
   if (callbacks_.on_step) {
@@ -272,6 +317,15 @@ comm::CommunicatorPtr Loop::resolve_group() const {
   return nullptr;
 }
 
+std::shared_ptr<comm::Membership> Loop::resolve_membership() const {
+  if (!options_.in_job_recovery) return nullptr;
+  if (!is_initialized() || !default_group().membership()) {
+    throw InvalidArgument("`in_job_recovery` needs a process group that holds the job's membership, which tandem "
+                          "run gives its workers under in-job recovery; this process's has none");
+  }
+  return default_group().membership();
+}
+
 TrainResult Loop::fit(nn::ModelHolder model, torch::optim::Optimizer& optimizer,
                       std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set) {
   return fit(make_parallel_strategy(options_), std::move(model), optimizer, std::move(train_set), std::move(eval_set));
@@ -287,8 +341,9 @@ TrainResult Loop::fit(std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolde
                       torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
                       std::shared_ptr<const data::Dataset> eval_set) {
   if (!strategy) throw InvalidArgument("Loop::fit was given a null strategy");
-  Run run(options_, callbacks_, resolve_group(), std::move(strategy), std::move(model), optimizer, std::move(train_set),
-          std::move(eval_set));
+  std::shared_ptr<comm::Membership> membership = resolve_membership();
+  Run run(options_, callbacks_, membership ? membership->communicator() : resolve_group(), membership,
+          std::move(strategy), std::move(model), optimizer, std::move(train_set), std::move(eval_set));
   return run.execute();
 }
 

@@ -28,6 +28,27 @@ void check_ranges(const LoopOptions& options) {
   ddp::require_comm_hook_name(options.comm_hook);
 }
 
+// What in-job recovery cannot carry across a change of membership: state that is not whole on every rank, ranks
+// that stand at different batches, and a timeline whose window every rank closes together.
+void check_recovery(const LoopOptions& options) {
+  if (!options.in_job_recovery) return;
+  if (options.strategy != Strategy::kDdp) {
+    throw InvalidArgument(fmt::format("`in_job_recovery` needs `strategy` ddp: {}; train with ddp, or recover by a "
+                                      "restart from the checkpoint",
+                                      options.strategy == Strategy::kFsdp
+                                          ? "fsdp's ranks each hold a shard that no other rank has"
+                                          : "dp's replicas are threads of one process, with nobody to take over"));
+  }
+  if (options.uneven_inputs) {
+    throw InvalidArgument("`in_job_recovery` cannot be combined with `uneven_inputs` (ranks stand at different batches "
+                          "when one is lost)");
+  }
+  if (!options.timeline_path.empty()) {
+    throw InvalidArgument("`in_job_recovery` cannot be combined with `timeline_path` (the timeline's window closes on "
+                          "every rank of the first membership together)");
+  }
+}
+
 }  // namespace
 
 torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tensor& target) {
@@ -36,6 +57,7 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& logits, const torch::Tenso
 
 void validate(const LoopOptions& options, int world_size, const ParallelStrategy& strategy) {
   check_ranges(options);
+  check_recovery(options);
   strategy.validate(options, world_size);
 }
 

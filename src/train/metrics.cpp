@@ -38,6 +38,9 @@ std::string to_json_line(const StepMetrics& m) {
       {"optimizer_stepped", m.optimizer_stepped},
       {"seconds", m.seconds},
       {"samples_per_second", m.samples_per_second},
+      {"samples", m.samples},
+      {"world_size", m.world_size},
+      {"time", m.time},
       {"rank_seconds", m.rank_seconds},
   };
   return line.dump();

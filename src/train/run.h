@@ -2,9 +2,11 @@
 // One call of Loop::fit (train/loop.h): the model wrapped for the run by its strategy (train/parallel_strategy.h),
 // its loaders and writers, and where training stands. Its stages live in files of their own: the set-up in
 // run_setup.cpp, the epoch and step loop in loop.cpp, continuing from and writing checkpoints in
-// run_checkpoints.cpp, evaluation and the epoch's records in run_evaluation.cpp. docs/loop.md follows a run
+// run_checkpoints.cpp, evaluation and the epoch's records in run_evaluation.cpp, in-job recovery's change of
+// membership in run_recovery.cpp. docs/loop.md follows a run
 // through them, with the collectives each stage runs.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +15,7 @@
 #include "step_statistics.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/grad_scaler.h"
+#include "tandem/comm/membership.h"
 #include "tandem/data/batch_loader.h"
 #include "tandem/train/loop.h"
 #include "tandem/train/lr_schedule.h"
@@ -40,9 +43,12 @@ struct EpochProgress {
 class Run {
  public:
   // `strategy` is still to wrap the model: the run does so once its run dir is chosen.
+  // `membership`: the job's, under in-job recovery (LoopOptions::in_job_recovery), else null; then the run's
+  // communicator is its current one, and none for a replacement not yet taken in.
   Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
-      std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolder model, torch::optim::Optimizer& optimizer,
-      std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set);
+      std::shared_ptr<comm::Membership> membership, std::unique_ptr<ParallelStrategy> strategy,
+      nn::ModelHolder model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+      std::shared_ptr<const data::Dataset> eval_set);
   ~Run();
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -56,6 +62,8 @@ class Run {
 
   // loop.cpp: the epoch and the step.
   EpochProgress train_epoch(int epoch, EpochProgress progress);
+  void start_epoch_part(int epoch, EpochProgress& progress);
+  bool train_epoch_part(int epoch, EpochProgress& progress, const std::function<double()>& seconds_so_far);
   StepStatistics train_step(int epoch, int64_t batch_index, const std::vector<data::Batch>& batches);
   StepStatistics shadow_step(int epoch, int64_t batch_index);
   void complete_step(int epoch, int64_t batch_index, const StepStatistics& stats,
@@ -81,6 +89,14 @@ class Run {
   checkpoint::CheckpointState checkpoint_state(int epoch, const EpochProgress& progress) const;
   void write_checkpoint(const checkpoint::CheckpointState& state);
 
+  // run_recovery.cpp: in-job recovery's change of membership, and a replacement's start.
+  void change_membership(int epoch, EpochProgress& progress);
+  void be_taken_in();
+  void take_part_in_next_membership();
+  std::optional<checkpoint::CheckpointState> heal(int epoch, const EpochProgress& progress);
+  void rewrap_on_membership();
+  void use_communicator(comm::CommunicatorPtr communicator);
+
   // run_evaluation.cpp: the end of an epoch, and of the run.
   EpochMetrics evaluate_epoch(int epoch, const EpochProgress& progress);
   void write_report();
@@ -89,6 +105,9 @@ class Run {
   const LoopCallbacks& callbacks_;
   comm::CommunicatorPtr communicator_ptr_;
   comm::Communicator* communicator_;
+  std::shared_ptr<comm::Membership> membership_;  // in-job recovery's; null without
+  bool holds_state_;              // false in a replacement until a member healed it
+  bool joined_in_epoch_ = false;  // a replacement, until its first epoch began
   int rank_, world_;
   bool is_main_;
   nn::ModelHolder model_;

@@ -53,15 +53,19 @@ const LoopOptions& validated(const LoopOptions& options, int world_size, const P
 }  // namespace
 
 Run::Run(const LoopOptions& options, const LoopCallbacks& callbacks, comm::CommunicatorPtr communicator,
-         std::unique_ptr<ParallelStrategy> strategy, nn::ModelHolder model, torch::optim::Optimizer& optimizer,
-         std::shared_ptr<const data::Dataset> train_set, std::shared_ptr<const data::Dataset> eval_set)
+         std::shared_ptr<comm::Membership> membership, std::unique_ptr<ParallelStrategy> strategy,
+         nn::ModelHolder model, torch::optim::Optimizer& optimizer, std::shared_ptr<const data::Dataset> train_set,
+         std::shared_ptr<const data::Dataset> eval_set)
     : options_(validated(options, world_size_of(communicator), *strategy)),
       callbacks_(callbacks),
       communicator_ptr_(std::move(communicator)),
       communicator_(communicator_ptr_.get()),
+      membership_(std::move(membership)),
+      holds_state_(!membership_ || membership_->joined()),
       rank_(communicator_ ? communicator_->rank() : 0),
       world_(world_size_of(communicator_ptr_)),
-      is_main_(rank_ == 0),
+      // A replacement is never rank 0 while it waits: the launcher restarts the job where slot 0 is lost.
+      is_main_(rank_ == 0 && holds_state_),
       model_(std::move(model)),
       module_(*model_),
       optimizer_(optimizer),
@@ -104,12 +108,15 @@ void Run::wrap_model() {
 
 // Rank 0's records, the timeline and the progress bar.
 void Run::open_records(int64_t batches_per_epoch) {
-  comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
-    if (is_main_) {
-      records_ = std::make_unique<RunRecorder>(options_.run_dir, resumed_.epoch, resumed_.step,
-                                              RunRecorderOptions{options_.tensorboard, eval_set_ != nullptr});
-    }
-  });
+  // A replacement taken in is not rank 0, and the members opened theirs long ago.
+  if (!joined_in_epoch_) {
+    comm::run_on_all_ranks(communicator_, "to open the run's records", [&] {
+      if (is_main_) {
+        records_ = std::make_unique<RunRecorder>(options_.run_dir, resumed_.epoch, resumed_.step,
+                                                RunRecorderOptions{options_.tensorboard, eval_set_ != nullptr});
+      }
+    });
+  }
   if (!options_.timeline_path.empty()) {
     run_timeline_ = std::make_unique<RunTimeline>(options_.timeline_path, options_.timeline_steps, options_.run_dir,
                                                   communicator_, strategy_->reducer());

@@ -10,15 +10,15 @@
 
 namespace tandem::train {
 
-// Built on the loss's device as [loss sum, trained ranks, samples, a non-finite flag per rank, seconds per rank],
-// so the step costs one all-reduce and one read for the metric, the NaN check, the throughput and the ranks'
-// timings.
+// Built on the loss's device as [loss sum, trained ranks, samples, a non-finite flag per rank, seconds per rank,
+// the announced membership], so the step costs one all-reduce and one read for the metric, the NaN check, the
+// throughput, the ranks' timings and a change of membership.
 StepStatistics reduce_step_statistics(const torch::Tensor& loss, int64_t samples, double seconds, int rank,
-                                      comm::Communicator* communicator) {
+                                      comm::Communicator* communicator, int64_t announced_membership) {
   const int world = communicator ? communicator->world_size() : 1;
   const torch::TensorOptions options =
       torch::TensorOptions().dtype(torch::kFloat64).device(loss.defined() ? loss.device() : torch::kCPU);
-  torch::Tensor stats = torch::zeros({3 + 2 * world}, options);
+  torch::Tensor stats = torch::zeros({4 + 2 * world}, options);
   if (loss.defined()) {
     torch::Tensor value = loss.detach().to(torch::kFloat64).reshape({1});
     torch::Tensor finite = torch::isfinite(value);
@@ -28,6 +28,7 @@ StepStatistics reduce_step_statistics(const torch::Tensor& loss, int64_t samples
   }
   stats.narrow(0, 2, 1).fill_(static_cast<double>(samples));
   stats.narrow(0, 3 + world + rank, 1).fill_(seconds);
+  stats.narrow(0, 3 + 2 * world, 1).fill_(static_cast<double>(announced_membership));
   if (world > 1) comm::all_reduce_values(*communicator, stats, comm::ReduceOp::Sum);
   const torch::Tensor host = stats.cpu();
   const double* values = host.data_ptr<double>();
@@ -39,6 +40,7 @@ StepStatistics reduce_step_statistics(const torch::Tensor& loss, int64_t samples
     if (values[3 + r] > 0) result.nonfinite_ranks.push_back(r);
     result.rank_seconds.push_back(values[3 + world + r]);
   }
+  result.announced_membership = std::llround(values[3 + 2 * world]);
   return result;
 }
 

@@ -16,13 +16,17 @@ struct StepStatistics {
   int64_t samples = 0;            // in this step's batches over every rank: partial batches count what they hold
   std::vector<int> nonfinite_ranks;
   std::vector<double> rank_seconds;
+  // Under in-job recovery, the newest membership epoch rank 0 found published before the step: every rank learns
+  // it from the same all-reduce, so all change membership after the same step.
+  int64_t announced_membership = 0;
 
   double mean_loss() const { return trained_ranks > 0 ? loss_sum / trained_ranks : 0.0; }
 };
 
 // Collective. A rank that shadows the step (it has no loss) passes an undefined `loss` and no samples.
+// `announced_membership`: rank 0's newest published membership epoch (0 elsewhere, and without in-job recovery).
 StepStatistics reduce_step_statistics(const torch::Tensor& loss, int64_t samples, double seconds, int rank,
-                                      comm::Communicator* communicator);
+                                      comm::Communicator* communicator, int64_t announced_membership = 0);
 
 // Throws NonFiniteLossError (train/loop.h) naming the ranks whose loss was not finite, on every rank alike.
 [[noreturn]] void throw_nonfinite(const StepStatistics& stats, int64_t step, int epoch, int64_t batch_index);

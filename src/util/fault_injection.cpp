@@ -24,6 +24,9 @@ KillAt read_kill_at() {
   if (!value || !*value) return kill_at;
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (attempt && std::string(attempt) != "0") return kill_at;
+  // In-job recovery's replacement of the killed worker (comm/membership.h's variable) runs on too.
+  const char* replacement = std::getenv("TANDEM_RECOVERY_REPLACEMENT");
+  if (replacement && std::string(replacement) == "1") return kill_at;
   char point[32];
   if (std::sscanf(value, "%31[a-z-]:%d:%lld", point, &kill_at.rank, &kill_at.count) != 3 ||
       (std::string(point) != "step" && std::string(point) != "safetensors-write")) {

@@ -31,7 +31,7 @@ constexpr int kEpochs = 2;
 
 // The factors in the cells table's column order (after the cell number), with their values from the docs.
 const std::vector<std::string> kFactors{"ranks", "strategy", "precision", "uneven", "accumulate",
-                                        "comm hook", "sync-bn", "resume"};
+                                        "comm hook", "sync-bn", "resume", "recovery"};
 
 struct Cell {
   int id = 0;
@@ -44,6 +44,7 @@ struct Cell {
   bool uneven() const { return at("uneven") == "on"; }
   bool kill() const { return at("resume") == "kill"; }
   bool reshape() const { return at("resume") == "reshape"; }
+  bool in_job() const { return at("recovery") == "in-job"; }
   // Where a reshape cell continues: 2 and 3 ranks (or dp replicas) swap.
   int other_ranks() const { return ranks() == 2 ? 3 : 2; }
   bool data_parallel() const { return at("strategy") == "dp"; }
@@ -147,6 +148,7 @@ CellRun command_for(const Cell& cell, const std::string& data, const std::string
   CellRun run;
   run.launcher_args = {"--nproc-per-node", cell.data_parallel() ? "1" : std::to_string(ranks)};
   if (cell.kill()) run.launcher_args.insert(run.launcher_args.end(), {"--max-restarts", "1"});
+  if (cell.in_job()) run.launcher_args.insert(run.launcher_args.end(), {"--recovery", "in-job"});
   run.train_args = {"--data", data, "--model", cell.data_parallel() ? "cnn" : "cnn-bn", "--epochs",
                     std::to_string(kEpochs), "--batch-size", std::to_string(kBatch), "--threads", "1", "--seed", "3",
                     "--timeout", "60"};
@@ -287,6 +289,13 @@ TEST_P(InteractionMatrix, CellDoesWhatTheDocsSay) {
     ASSERT_FALSE(killed.timed_out) << killed.output;
     ASSERT_EQ(killed.exit_code, 0) << killed.output;
     EXPECT_NE(killed.output.find("restart 1 of 1"), std::string::npos) << killed.output;
+    if (cell.in_job()) {
+      // The others went on without rank 1 (the replica check at every step held), on fewer ranks: nothing is
+      // read back, and the trajectory is not the uninterrupted one's.
+      EXPECT_NE(killed.output.find("go on without it (in-job recovery)"), std::string::npos) << killed.output;
+      EXPECT_EQ(killed.output.find("resuming from"), std::string::npos) << killed.output;
+      return;
+    }
     EXPECT_NE(killed.output.find("resuming from"), std::string::npos)
         << "the restarted attempt must continue the first one's run:\n" << killed.output;
     const double difference = largest_difference(root + "/whole.safetensors", root + "/killed.safetensors");

@@ -44,6 +44,8 @@ class GradScaler {
   // rank's gradients hold an inf or NaN. DDP's averaged gradients agree already, but gradients that were
   // never all-reduced (no DDP, a rank's own clipping, a hook that compresses) need not.
   explicit GradScaler(GradScalerOptions options = {}, comm::CommunicatorPtr communicator = nullptr);
+  // The group a changed membership formed (in-job recovery): later steps decide among its ranks.
+  void set_communicator(comm::CommunicatorPtr communicator) { communicator_ = std::move(communicator); }
 
   // loss times the scale (a one-element float32 tensor, as PyTorch returns); the loss itself when disabled.
   torch::Tensor scale(const torch::Tensor& loss) const;

@@ -69,6 +69,11 @@ class Communicator {
   WorkPtr reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::Sum);
   WorkPtr barrier();
 
+  // Off: a failed collective throws CommError at once with the backend's account, instead of first asking the
+  // other ranks through the store which of them were lost (up to CollectiveTracker::kAnswerWait). In-job
+  // recovery turns it off (comm/membership.h): there the launcher knows who was lost, and a second counts.
+  void diagnose_failures(bool on) { diagnose_failures_ = on; }
+
  protected:
   // What a backend can do itself; the base emulates the rest.
   struct Capabilities {
@@ -136,6 +141,7 @@ class Communicator {
   torch::Device device_;
   // TANDEM_DISTRIBUTED_DEBUG=DETAIL, read once at construction.
   bool compare_before_every_collective_;
+  bool diagnose_failures_ = true;
   std::shared_ptr<CollectiveTracker> tracker_;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;

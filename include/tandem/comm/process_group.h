@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tandem/comm/communicator.h"
+#include "tandem/comm/membership.h"
 #include "tandem/comm/rank_layout.h"
 #include "tandem/comm/rendezvous.h"
 
@@ -31,13 +32,18 @@ struct InitOptions {
 class ProcessGroup {
  public:
   ProcessGroup(comm::RankLayout layout, torch::Device device, comm::StorePtr store,
-               comm::CommunicatorPtr communicator);
+               comm::CommunicatorPtr communicator, std::shared_ptr<comm::Membership> membership = nullptr);
 
   const comm::RankLayout& layout() const { return layout_; }
   // The device this rank computes on (InitOptions::device resolved); the current CUDA device when a GPU.
   const torch::Device& device() const { return device_; }
-  comm::Communicator& communicator() const { return *communicator_; }
-  const comm::CommunicatorPtr& communicator_ptr() const { return communicator_; }
+  // Under in-job recovery, the current membership epoch's (null in a replacement not yet taken in).
+  comm::Communicator& communicator() const { return *communicator_ptr(); }
+  const comm::CommunicatorPtr& communicator_ptr() const {
+    return membership_ ? membership_->communicator() : communicator_;
+  }
+  // Under `tandem run --recovery in-job` (TANDEM_RECOVERY=in-job), the job's membership; null otherwise.
+  const std::shared_ptr<comm::Membership>& membership() const { return membership_; }
   // The rendezvous store, for small out-of-band agreements (e.g. a run directory name).
   c10d::Store& store() const { return *store_; }
 
@@ -46,10 +52,13 @@ class ProcessGroup {
   torch::Device device_;
   comm::StorePtr store_;
   comm::CommunicatorPtr communicator_;
+  std::shared_ptr<comm::Membership> membership_;
 };
 
 // Joins the group (once per process; a second call throws). With no layout in the environment it sets up a
-// world of one, like the seeds' "Not using distributed mode".
+// world of one, like the seeds' "Not using distributed mode". Under `tandem run --recovery in-job` the group
+// also holds the job's membership; a replacement of a lost worker (TANDEM_RECOVERY_REPLACEMENT) meets nobody
+// here and has no communicator until the training loop has it taken in (docs/recovery.md).
 ProcessGroup& init_process_group(const InitOptions& options = {});
 void destroy_process_group();
 bool is_initialized();

@@ -18,6 +18,9 @@ using StorePtr = c10::intrusive_ptr<c10d::Store>;
 // be reached or its port is taken, each with what to do about it.
 StorePtr make_store(const std::string& init_method, const RankLayout& layout, std::chrono::milliseconds timeout);
 
+// The keys of launcher attempt `restart_count` in the store the launcher serves (PyTorch's env:// names them so).
+StorePtr attempt_keys(const StorePtr& store, int restart_count);
+
 // Announces this rank in the store and waits for all the others. Fails with TimeoutError listing the ranks
 // that never joined, InvalidArgument when two processes claim one rank or the world sizes disagree, or CommError
 // within `timeout` when the store's address answers as no store does (or not at all). Past that deadline a

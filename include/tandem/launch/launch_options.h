@@ -27,6 +27,11 @@ struct ProcessLimits {
   static ProcessLimits of_this_process();
 };
 
+enum class Recovery { kRestart, kInJob };
+// "restart", "in-job"; parse_recovery throws InvalidArgument naming both.
+std::string to_string(Recovery recovery);
+Recovery parse_recovery(const std::string& name);
+
 struct LaunchOptions {
   // Workers on this node; absent: one per GPU in --gpus, else one per visible GPU, else 1.
   std::optional<int> nproc_per_node;
@@ -55,6 +60,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   // How many times a failed group of workers is stopped and started again, as torchrun's --max-restarts.
   int max_restarts = 0;
+  // What a lost worker costs the others (docs/recovery.md): kRestart stops them all and starts the group again
+  // from the newest checkpoint; kInJob keeps them training and starts a replacement that they take in, each
+  // replacement counting against max_restarts. kInJob runs on one node.
+  Recovery recovery = Recovery::kRestart;
   // The job's id, the same for every attempt (torchrun's --rdzv-id, TORCHELASTIC_RUN_ID): tandem train keeps a
   // run without --run-dir in runs/<run_id>, so a restarted attempt continues it. Empty: a new one, the time and
   // the launcher's pid. Letters, digits, '.', '_' and '-' only, since it names a folder.
@@ -74,6 +83,7 @@ struct LaunchPlan {
   std::vector<int> gpus;
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   int max_restarts = 0;
+  Recovery recovery = Recovery::kRestart;
   std::string run_id;
   std::vector<std::string> command;
   // Set for an elastic job (rdzv_backend c10d); then nnodes and node_rank are those of the current round.

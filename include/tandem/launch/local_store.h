@@ -31,6 +31,9 @@ class LocalStore {
   // their keys under the attempt's prefix (TORCHELASTIC_RESTART_COUNT, set by worker_environment); or
   // TANDEM_STORE_FILE, a file of the attempt's own.
   std::map<std::string, std::string> worker_variables(int restart_count) const;
+  // The launcher's own client on the keys of attempt `restart_count`: in-job recovery publishes its memberships
+  // there (comm/membership.h).
+  c10::intrusive_ptr<c10d::Store> attempt_store(int restart_count, int workers) const;
 
  private:
   int port_ = 0;

@@ -39,6 +39,7 @@
 
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/comm/communicator.h"
+#include "tandem/comm/membership.h"
 #include "tandem/data/dataset.h"
 #include "tandem/nn/model_holder.h"
 #include "tandem/optim/zero_redundancy_optimizer.h"
@@ -132,6 +133,8 @@ class Loop {
 
  private:
   comm::CommunicatorPtr resolve_group() const;
+  // The default group's membership under LoopOptions::in_job_recovery, else null; refuses a group without one.
+  std::shared_ptr<comm::Membership> resolve_membership() const;
 
   LoopOptions options_;
   comm::CommunicatorPtr communicator_;

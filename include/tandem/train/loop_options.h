@@ -147,6 +147,12 @@ struct LoopOptions {
   // means to RUN_DIR/timeline_summary.json, once the window's last step (or the run) ends.
   std::string timeline_path;
   monitor::StepWindow timeline_steps;
+  // In-job recovery (docs/recovery.md), for workers of `tandem run --recovery in-job`, whose process group holds
+  // the job's membership (comm/membership.h): when a rank is lost, the others keep their processes and state, go
+  // on without it from the newest step any of them completed, and take its replacement in at a step boundary,
+  // healed from a peer over the communicator. Needs strategy ddp with a plain optimizer (the state must be whole
+  // on every rank), and neither uneven_inputs nor a timeline.
+  bool in_job_recovery = false;
 };
 
 // Throws InvalidArgument naming the fields (in backticks) when `options` cannot train in a world of

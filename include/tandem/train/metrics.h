@@ -35,6 +35,9 @@ struct StepMetrics {
   bool optimizer_stepped = true;  // false: the scaler skipped the step (an inf or NaN gradient)
   double seconds = 0;             // rank 0's wall time for the whole step
   double samples_per_second = 0;  // the step's samples over all ranks / seconds
+  int64_t samples = 0;            // the step's samples over all ranks
+  int world_size = 1;             // the ranks that trained the step (in-job recovery changes it during a run)
+  double time = 0;                // when rank 0 ended the step: seconds since the Unix epoch
   // Per rank: from the start of its step until it reached the step's loss all-reduce, so forward, backward
   // and the gradient all-reduce; a straggler shows here.
   std::vector<double> rank_seconds;

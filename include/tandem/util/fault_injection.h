@@ -3,7 +3,8 @@
 //   TANDEM_KILL_AT=POINT:RANK:COUNT
 // the process of rank RANK (its RANK variable, 0 without one) kills itself with SIGKILL the moment it reaches
 // POINT for the COUNT-th time: no destructor, flush or message runs, exactly as if the machine had killed it.
-// Only the launcher's first attempt dies (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted group runs on.
+// Only the launcher's first attempt dies (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted group runs on,
+// and never the replacement that in-job recovery starts for the killed worker (TANDEM_RECOVERY_REPLACEMENT).
 // Points:
 //   step              before optimizer step COUNT (counted from 1 over the whole run, resumed runs included)
 //   safetensors-write halfway through writing the COUNT-th safetensors file of this process (a checkpoint

@@ -1,0 +1,97 @@
+#pragma once
+// In-job recovery's membership (docs/recovery.md): which worker slots of a job train together, epoch by epoch.
+// A slot is a worker's place in the job (its first RANK); a lost worker's replacement takes its slot back. The
+// launcher decides each membership epoch, since it alone sees its workers exit and its replacements get ready,
+// and publishes it in the rendezvous store (MembershipKeys); each worker forms the communicator of every epoch it
+// is in, over that epoch's keys alone, so that nothing of a lost worker's half-done collectives reaches the new
+// group. Epoch 0 is every slot, with the communicator that init_process_group made.
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/comm/communicator.h"
+#include "tandem/comm/rank_layout.h"
+#include "tandem/comm/rendezvous.h"
+
+namespace tandem::comm {
+
+// What `tandem run --recovery in-job` tells its workers: kInJobRecovery in kRecoveryVariable, and, in a lost
+// worker's replacement, kReplacementVariable set to 1.
+inline constexpr const char* kRecoveryVariable = "TANDEM_RECOVERY";
+inline constexpr const char* kInJobRecovery = "in-job";
+inline constexpr const char* kReplacementVariable = "TANDEM_RECOVERY_REPLACEMENT";
+
+enum class RecoveryRole {
+  kNone,         // no in-job recovery: a lost worker ends the attempt
+  kMember,       // a worker of the job's first start
+  kReplacement,  // started for a lost worker: it holds no training state until it is taken in
+};
+// Whether the launcher asked its workers for in-job recovery (kRecoveryVariable).
+bool in_job_recovery_requested();
+// This process's role, from the environment. Throws InvalidArgument where the group cannot be re-formed in the
+// process: the mpi backend, whose world is fixed when MPI starts.
+RecoveryRole recovery_role(const std::string& backend, const RankLayout& layout);
+
+// The store keys that the launcher and the workers share, under the keys of the launcher's attempt.
+struct MembershipKeys {
+  // The newest epoch the launcher published, as a decimal number; absent while epoch 0 stands.
+  static std::string newest() { return "recovery/newest"; }
+  // Epoch `epoch`'s slots, "0,2", written before newest() names it.
+  static std::string members(int epoch) { return "recovery/members/" + std::to_string(epoch); }
+  // Set by a replacement once it can be taken in (its data loaded, its model built).
+  static std::string ready(int slot) { return "recovery/ready/" + std::to_string(slot); }
+  // The prefix of epoch `epoch`'s communicator's keys.
+  static std::string group(int epoch) { return "recovery/group/" + std::to_string(epoch) + "/"; }
+};
+
+std::string format_slots(const std::vector<int>& slots);
+// Throws Error on text that format_slots did not write.
+std::vector<int> parse_slots(const std::string& text);
+
+class Membership {
+ public:
+  // Connects a communicator of `world_size` ranks, this one `rank`, over `store` (an epoch's keys).
+  using Connect = std::function<CommunicatorPtr(const StorePtr& store, int rank, int world_size)>;
+
+  // `store`: the attempt's store. `slot`: this worker's; `slots`: the job's. `first`: epoch 0's communicator,
+  // null for a replacement, which holds no training state until it is taken in. `timeout`: how long to wait for
+  // the launcher's next epoch, and the new communicator's connection.
+  Membership(StorePtr store, int slot, int slots, Connect connect, CommunicatorPtr first,
+             std::chrono::milliseconds timeout);
+  // Communicators of earlier epochs are never destroyed: c10d's Gloo has no abort, and its destructor joins
+  // threads that may still wait on a lost peer until the timeout. The process's exit releases them.
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  int slot() const { return slot_; }
+  int slots() const { return slots_; }
+  // The current epoch: its number and slots (sorted; a member's rank is its index), and its communicator (null
+  // for a replacement not yet taken in).
+  int epoch() const { return epoch_; }
+  const std::vector<int>& members() const { return members_; }
+  const CommunicatorPtr& communicator() const { return communicator_; }
+  bool joined() const { return communicator_ != nullptr; }
+
+  // The newest epoch the launcher has published: one read of the store.
+  int published() const;
+  // A replacement says that it can be taken in.
+  void announce_ready();
+  // Waits for an epoch newer than the current one and forms its communicator; the current one is retired.
+  // Throws Error when this slot is not a member of it (the launcher counted this worker lost), or when none is
+  // published within the timeout.
+  void advance();
+
+ private:
+  StorePtr store_;
+  int slot_, slots_;
+  Connect connect_;
+  std::chrono::milliseconds timeout_;
+  int epoch_ = 0;
+  std::vector<int> members_;
+  CommunicatorPtr communicator_;
+  std::vector<CommunicatorPtr>* retired_;  // leaked on purpose: see the destructor
+};
+
+}  // namespace tandem::comm

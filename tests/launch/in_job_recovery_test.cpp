@@ -1,0 +1,114 @@
+// In-job recovery (docs/recovery.md) with real processes on loopback: `tandem run --recovery in-job` keeps the
+// survivors of a SIGKILLed worker training, and takes its replacement in, healed over the network.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/processes.h"
+#include "support/scratch_dir.h"
+#include "support/tiny_datasets.h"
+
+namespace tandem::testing {
+namespace {
+
+// `tandem run LAUNCHER_ARGS -- sh -c '... exec tandem train TRAIN_ARGS'` in `cwd`: every worker process that
+// starts appends its pid to pids.<RANK> first, so that the test sees which ranks were started again (the product
+// is not asked).
+ProcessResult run_recording_pids(const std::string& cwd, const std::vector<std::string>& launcher_args,
+                                 const std::vector<std::string>& train_args,
+                                 const std::map<std::string, std::string>& env = {}) {
+  std::string worker = "echo \\$\\$ >> pids.\\$RANK && exec '" + tandem_cli() + "' train";
+  for (const auto& arg : train_args) worker += " " + arg;
+  std::string command = "cd '" + cwd + "' && exec '" + tandem_cli() + "' run";
+  for (const auto& arg : launcher_args) command += " '" + arg + "'";
+  command += " -- sh -c \"" + worker + "\"";
+  return run_process({"sh", "-c", command}, env, std::chrono::seconds(150));
+}
+
+std::vector<nlohmann::json> steps_of(const std::string& run_dir) {
+  std::vector<nlohmann::json> steps;
+  for (const std::string& line : read_lines(run_dir + "/steps.jsonl")) steps.push_back(nlohmann::json::parse(line));
+  return steps;
+}
+
+TEST(InJobRecovery, AKilledWorkerLeavesTheOthersTrainingAndItsReplacementIsHealedLive) {
+  // 1,920 samples, batch 16 on 3 ranks: 40 steps an epoch, 3 epochs; rank 1 dies before step 6, long before the
+  // run ends, so that its replacement has the rest of the run to start in.
+  const std::string data = write_tiny_mnist("in_job_data", 1920, 48);
+  const std::string cwd = make_temp_dir("in_job_killed");
+  const std::vector<std::string> train_args = {"--data", data, "--epochs", "3", "--batch-size", "16",
+                                               "--threads", "1", "--seed", "5", "--timeout", "60",
+                                               "--checkpoint-every", "4", "--check-replicas-every", "1",
+                                               "--run-dir", "run", "--no-tensorboard", "--no-report"};
+  const ProcessResult result =
+      run_recording_pids(cwd, {"--nproc-per-node", "3", "--max-restarts", "1", "--recovery", "in-job"}, train_args,
+                         {{"TANDEM_KILL_AT", "step:1:6"}});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  // --check-replicas-every 1 compares the replicas at every step: a divergence ends the run non-zero.
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("go on without it (in-job recovery); starting its replacement"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("rank 1's replacement is taken in"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("restarting all"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("resuming from"), std::string::npos) << "no checkpoint may be read:\n" << result.output;
+
+  // The survivors kept their processes; only rank 1 was started again.
+  EXPECT_EQ(read_lines(cwd + "/pids.0").size(), 1u);
+  EXPECT_EQ(read_lines(cwd + "/pids.2").size(), 1u);
+  EXPECT_EQ(read_lines(cwd + "/pids.1").size(), 2u);
+
+  const std::vector<nlohmann::json> steps = steps_of(cwd + "/run");
+  std::vector<int> worlds;
+  std::vector<int64_t> epoch_samples(3, 0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1)) << "each step once, none trained again";
+    const int world = steps[i]["world_size"].get<int>();
+    if (worlds.empty() || worlds.back() != world) worlds.push_back(world);
+    const auto epoch = steps[i]["epoch"].get<size_t>();
+    ASSERT_LT(epoch, 3u);
+    epoch_samples[epoch] += steps[i]["samples"].get<int64_t>();
+  }
+  EXPECT_EQ(worlds, (std::vector<int>{3, 2, 3})) << "the world goes from 3 to 2 ranks, and back to 3";
+  // No sample twice in an epoch: a change of world cuts the epoch's order into parts at the position its finished
+  // batches reach, and only an epoch's last part drops a partial batch (under 3 ranks x 16 samples).
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_LE(epoch_samples[epoch], 1920) << "epoch " << epoch;
+    EXPECT_GT(epoch_samples[epoch], 1920 - 48) << "epoch " << epoch;
+  }
+}
+
+TEST(InJobRecovery, WhereItCannotWorkItIsRefusedInOneLineBeforeTraining) {
+  const ProcessResult nodes = run_process(
+      {tandem_cli(), "run", "--recovery", "in-job", "--nnodes", "2", "--master-addr", "127.0.0.1", "--", "true"});
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.output;
+  EXPECT_NE(nodes.output.find("--recovery in-job runs on one node for now"), std::string::npos) << nodes.output;
+
+  const ProcessResult unknown = run_process({tandem_cli(), "run", "--recovery", "sometimes", "--", "true"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+
+  // Each rank of tandem train refuses what cannot be recovered in the job, before its rendezvous; the launcher
+  // does not take a refusal for a lost worker.
+  const std::string data = write_tiny_mnist("in_job_refused", 64, 16);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--strategy", "fsdp"}, "--recovery in-job needs --strategy ddp"},
+      {{"--zero"}, "--zero cannot be combined with tandem run's --recovery in-job"},
+      {{"--sync-bn", "--model", "resnet18"}, "--sync-bn cannot be combined with tandem run's --recovery in-job"},
+      {{"--uneven"}, "cannot be combined with --uneven"},
+  };
+  for (const auto& [flags, says] : refused) {
+    std::vector<std::string> argv = {tandem_cli(), "run", "--nproc-per-node", "2", "--recovery", "in-job", "--",
+                                     tandem_cli(), "train", "--data", data, "--epochs", "1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const ProcessResult result = run_process(argv, {}, std::chrono::seconds(60));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find(says), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("go on without it"), std::string::npos) << result.output;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing

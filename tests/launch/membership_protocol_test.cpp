@@ -1,0 +1,161 @@
+// In-job recovery's membership protocol (docs/recovery.md) without processes: the launcher's side
+// (src/launch/in_job_recovery.h) and the workers' (comm/membership.h) over one in-memory store, the workers'
+// communicators real Gloo ones between threads; and its shape at scale, with hundreds of workers.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <future>
+#include <thread>
+
+#include "src/launch/in_job_recovery.h"
+#include "tandem/comm/counting_store.h"
+#include "tandem/comm/gloo/gloo_communicator.h"
+#include "tandem/comm/membership.h"
+#include "tandem/util/error.h"
+
+namespace tandem::testing {
+namespace {
+
+using comm::Membership;
+using launch::InJobRecovery;
+
+constexpr std::chrono::seconds kTimeout{20};
+
+Membership::Connect gloo_connect() {
+  return [](const comm::StorePtr& store, int rank, int world) {
+    return std::make_shared<comm::GlooCommunicator>(store, rank, world, kTimeout);
+  };
+}
+
+// Forms epoch 0's communicators of `slots` workers (as init_process_group does) and their memberships.
+std::vector<std::unique_ptr<Membership>> first_members(const comm::StorePtr& store, int slots) {
+  std::vector<std::future<comm::CommunicatorPtr>> connecting;
+  const comm::StorePtr epoch0 = c10::make_intrusive<c10d::PrefixStore>("epoch0/", store);
+  for (int slot = 0; slot < slots; ++slot) {
+    connecting.push_back(std::async(std::launch::async, [&, slot] { return gloo_connect()(epoch0, slot, slots); }));
+  }
+  std::vector<std::unique_ptr<Membership>> members;
+  for (int slot = 0; slot < slots; ++slot) {
+    members.push_back(std::make_unique<Membership>(store, slot, slots, gloo_connect(), connecting[slot].get(), kTimeout));
+  }
+  return members;
+}
+
+// Each of `members` advances to the launcher's next epoch and all-reduces a 1 over its communicator; returns what
+// each got.
+std::vector<float> advance_and_count(const std::vector<Membership*>& members) {
+  std::vector<std::future<float>> counts;
+  for (Membership* member : members) {
+    counts.push_back(std::async(std::launch::async, [member] {
+      member->advance();
+      torch::Tensor one = torch::ones({1});
+      member->communicator()->all_reduce(one)->wait();
+      return one.item<float>();
+    }));
+  }
+  std::vector<float> got;
+  for (auto& count : counts) got.push_back(count.get());
+  return got;
+}
+
+TEST(MembershipProtocol, ALostSlotLeavesTheOthersOnANewGroupAndItsReplacementJoinsThemAgain) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto workers = first_members(store, 3);
+  InJobRecovery launcher(store, 3, /*replacements_allowed=*/1);
+
+  const InJobRecovery::Loss loss = launcher.lose(1, /*exit_code=*/-1, /*members_running=*/2);
+  EXPECT_TRUE(loss.recovered);
+  EXPECT_TRUE(loss.replace);
+  EXPECT_EQ(workers[0]->published(), 1);
+  EXPECT_EQ(advance_and_count({workers[0].get(), workers[2].get()}), (std::vector<float>{2, 2}));
+  EXPECT_EQ(workers[2]->communicator()->rank(), 1) << "ranks are the members' places among the slots";
+
+  // The replacement holds no group until it is taken in, and waits through the epochs without it.
+  Membership replacement(store, 1, 3, gloo_connect(), nullptr, kTimeout);
+  EXPECT_FALSE(replacement.joined());
+  EXPECT_TRUE(launcher.take_in_ready().empty()) << "not ready yet";
+  replacement.announce_ready();
+  EXPECT_EQ(launcher.take_in_ready(), std::vector<int>{1});
+  EXPECT_EQ(advance_and_count({workers[0].get(), &replacement, workers[2].get()}), (std::vector<float>{3, 3, 3}));
+  EXPECT_EQ(replacement.epoch(), 2);
+  EXPECT_EQ(replacement.communicator()->rank(), 1);
+}
+
+TEST(MembershipProtocol, WhatCannotBeRecoveredInTheJobIsLeftToTheLauncherAsBefore) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  InJobRecovery launcher(store, 4, /*replacements_allowed=*/1);
+  EXPECT_FALSE(launcher.lose(0, -1, 3).recovered) << "slot 0 writes the records and checkpoints";
+  EXPECT_FALSE(launcher.lose(2, 2, 3).recovered) << "exit code 2 refused its input, as every rank will";
+  EXPECT_FALSE(launcher.lose(3, -1, 0).recovered) << "no member left to go on";
+  EXPECT_EQ(launcher.epoch(), 0) << "nothing published";
+
+  // A replacement lost before it was taken in changes no membership; with no restart left, none follows it.
+  EXPECT_TRUE(launcher.lose(1, -1, 3).replace);
+  EXPECT_EQ(launcher.epoch(), 1);
+  const InJobRecovery::Loss again = launcher.lose(1, -1, 3);
+  EXPECT_TRUE(again.recovered);
+  EXPECT_FALSE(again.replace);
+  EXPECT_EQ(launcher.epoch(), 1);
+  EXPECT_FALSE(launcher.awaiting_replacements());
+}
+
+TEST(MembershipProtocol, AWorkerLeftOutOfTheNewEpochSaysItWasCountedLost) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto workers = first_members(store, 2);
+  InJobRecovery launcher(store, 2, 0);
+  launcher.lose(1, 1, 1);
+  try {
+    workers[1]->advance();
+    FAIL() << "slot 1 is no member of epoch 1";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("left slot 1 out of membership epoch 1 (0)"), std::string::npos)
+        << error.what();
+  }
+}
+
+// The control plane's shape at scale: with 256 workers, a loss and a replacement's join cost each member a few
+// store requests (a wait and two reads), whatever the number of workers, and the launcher two writes an epoch.
+TEST(MembershipProtocol, EachMemberSpendsAFewStoreRequestsPerChangeWhateverTheWorldSize) {
+  constexpr int kSlots = 256;
+  auto shared = c10::make_intrusive<c10d::HashStore>();
+  auto launcher_store = c10::make_intrusive<comm::CountingStore>(shared);
+  InJobRecovery launcher(launcher_store, kSlots, 1);
+  // The communicators are not what is measured: each epoch's is a stand-in that records its rank and size.
+  struct StandIn : comm::Communicator {
+    StandIn(comm::StorePtr store, int rank, int world)
+        : Communicator("stand-in", std::move(store), rank, world, kTimeout, Capabilities{}) {}
+    comm::WorkPtr start_all_reduce(torch::Tensor&, comm::ReduceOp) override { return nullptr; }
+    comm::WorkPtr start_broadcast(torch::Tensor&, int) override { return nullptr; }
+    comm::WorkPtr start_all_gather(std::vector<torch::Tensor>&, const torch::Tensor&) override { return nullptr; }
+    comm::WorkPtr start_barrier() override { return nullptr; }
+  };
+  const Membership::Connect stand_in = [](const comm::StorePtr& store, int rank, int world) {
+    return std::make_shared<StandIn>(store, rank, world);
+  };
+  std::vector<c10::intrusive_ptr<comm::CountingStore>> stores;
+  std::vector<std::unique_ptr<Membership>> members;
+  const auto first = std::make_shared<StandIn>(shared, 0, kSlots);
+  for (int slot = 0; slot < kSlots; ++slot) {
+    stores.push_back(c10::make_intrusive<comm::CountingStore>(shared));
+    members.push_back(std::make_unique<Membership>(stores.back(), slot, kSlots, stand_in, first, kTimeout));
+  }
+  launcher.lose(77, -1, kSlots - 1);
+  Membership replacement(c10::make_intrusive<comm::CountingStore>(shared), 77, kSlots, stand_in, nullptr, kTimeout);
+  replacement.announce_ready();
+  ASSERT_EQ(launcher.take_in_ready(), std::vector<int>{77});
+  for (int slot = 0; slot < kSlots; ++slot) {
+    if (slot == 77) continue;
+    const comm::StoreTraffic before = stores[slot]->traffic();
+    members[slot]->advance();
+    ASSERT_EQ(members[slot]->epoch(), 2);
+    EXPECT_EQ(members[slot]->communicator()->world_size(), kSlots);
+    EXPECT_LE(stores[slot]->traffic().since(before).operations, 4) << "slot " << slot;
+  }
+  // Two epochs (the loss, the join): the members' list and the epoch's number each; the readiness checked and
+  // taken back.
+  EXPECT_LE(launcher_store->traffic().writes, 2 * 2 + 2);
+}
+
+}  // namespace
+}  // namespace tandem::testing
