@@ -2,28 +2,61 @@
 
 #include <fmt/format.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <utility>
 
 #include "tandem/comm/collective_tracker.h"
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
+
+struct Communicator::Abandonment {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool abandoned = false;
+
+  // Where the backend can tell only inside wait() that a work completed (a GPU collective), it is polled this often.
+  static constexpr std::chrono::milliseconds kPollSlice{1};
+};
+
 namespace {
 
-// A backend's work wrapped with what the base adds: failures reported through the tracker, and the end of an
-// emulation, run once the backend's part has completed.
+// Waits until `work` completes, or throws CommError naming `operation` when `abandonment` is set first. The backend
+// says when the work completes (observe_completion), on its own thread.
+void wait_unless_abandoned(const std::shared_ptr<Communicator::Abandonment>& abandonment, Work& work,
+                           const std::string& operation) {
+  work.observe_completion([abandonment] {
+    { std::lock_guard<std::mutex> lock(abandonment->mutex); }
+    abandonment->changed.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(abandonment->mutex);
+  while (!abandonment->abandoned && !work.is_completed()) {
+    abandonment->changed.wait_for(lock, Communicator::Abandonment::kPollSlice);
+  }
+  if (!abandonment->abandoned || work.is_completed()) return;
+  throw CommError(fmt::format("{} abandoned: the job's membership changed while it waited (in-job recovery)",
+                              operation));
+}
+
+// A backend's work wrapped with what the base adds: failures reported through the tracker, the end of an
+// emulation, run once the backend's part has completed, and under a membership a wait that can be abandoned.
 class TrackedWork : public Work {
  public:
   TrackedWork(WorkPtr backend_work, std::function<void()> on_complete,
-              std::function<void(const std::exception&)> report_failure)
+              std::function<void(const std::exception&)> report_failure,
+              std::shared_ptr<Communicator::Abandonment> abandonment, std::string operation)
       : backend_work_(std::move(backend_work)),
         on_complete_(std::move(on_complete)),
-        report_failure_(std::move(report_failure)) {}
+        report_failure_(std::move(report_failure)),
+        abandonment_(std::move(abandonment)),
+        operation_(std::move(operation)) {}
 
   void wait() override {
     if (finished_) return;
     try {
+      if (abandonment_) wait_unless_abandoned(abandonment_, *backend_work_, operation_);
       backend_work_->wait();
     } catch (const UnsupportedError&) {
       throw;
@@ -51,6 +84,8 @@ class TrackedWork : public Work {
   WorkPtr backend_work_;
   std::function<void()> on_complete_;
   std::function<void(const std::exception&)> report_failure_;
+  std::shared_ptr<Communicator::Abandonment> abandonment_;
+  std::string operation_;
   bool finished_ = false;
 };
 
@@ -130,6 +165,20 @@ Communicator::Communicator(std::string backend_name, StorePtr store, int rank, i
       compare_before_every_collective_(compare_before_every_collective()),
       tracker_(std::make_shared<CollectiveTracker>(std::move(store), rank, world_size)) {}
 
+void Communicator::serve_membership() {
+  diagnose_failures_ = false;
+  abandonment_ = std::make_shared<Abandonment>();
+}
+
+void Communicator::abandon_waits() {
+  TANDEM_CHECK(abandonment_, "abandon_waits() on a communicator that serves no membership");
+  {
+    std::lock_guard<std::mutex> lock(abandonment_->mutex);
+    abandonment_->abandoned = true;
+  }
+  abandonment_->changed.notify_all();
+}
+
 Communicator::~Communicator() = default;
 
 WorkPtr Communicator::start_all_gather_into(torch::Tensor&, const torch::Tensor&) {
@@ -173,7 +222,8 @@ WorkPtr Communicator::issue(CollectiveSignature signature, const std::function<W
   } catch (const std::exception& error) {
     report_failure(error);
   }
-  return std::make_shared<TrackedWork>(std::move(backend_work), std::move(on_complete), std::move(report_failure));
+  return std::make_shared<TrackedWork>(std::move(backend_work), std::move(on_complete), std::move(report_failure),
+                                       abandonment_, operation);
 }
 
 WorkPtr Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "tandem/util/error.h"
@@ -51,25 +52,92 @@ std::vector<int> parse_slots(const std::string& text) {
 }
 
 Membership::Membership(StorePtr store, int slot, int slots, Connect connect, CommunicatorPtr first,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout, std::chrono::milliseconds watch_interval)
     : store_(std::move(store)),
       slot_(slot),
       slots_(slots),
       connect_(std::move(connect)),
       timeout_(timeout),
+      watch_interval_(watch_interval),
       communicator_(std::move(first)),
       retired_(new std::vector<CommunicatorPtr>()) {
   for (int s = 0; s < slots; ++s) members_.push_back(s);
-  if (communicator_) communicator_->diagnose_failures(false);
+  if (communicator_) communicator_->serve_membership();
+  watcher_ = std::thread([this] { watch(); });
 }
 
 Membership::~Membership() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  watcher_.join();
   if (communicator_) retired_->push_back(std::move(communicator_));
+}
+
+// Every watch interval: the newest epoch published, and where it leaves out a member of the current one, the
+// current communicator abandoned, so that no member waits on for a peer that stopped answering. An epoch that only
+// adds members (a replacement taken in) abandons nothing: the members change at a step boundary instead.
+void Membership::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  int abandoned_epoch = -1;
+  while (!wake_.wait_for(lock, watch_interval_, [this] { return stopping_; })) {
+    const int watched = epoch_;
+    const std::vector<int> members = members_;
+    const CommunicatorPtr communicator = communicator_;
+    lock.unlock();
+    try {
+      const int newest = published();
+      newest_seen_ = newest;
+      if (newest > watched && abandoned_epoch != watched && communicator) {
+        const std::vector<int> next = parse_slots(text_of(store_->get(MembershipKeys::members(newest))));
+        const bool someone_lost = std::any_of(members.begin(), members.end(), [&](int slot) {
+          return std::find(next.begin(), next.end(), slot) == next.end();
+        });
+        if (someone_lost) {
+          communicator->abandon_waits();
+          abandoned_epoch = watched;
+        }
+      }
+    } catch (const std::exception&) {
+      // The store is gone with the launcher: the next collective or advance() reports that.
+    }
+    lock.lock();
+  }
 }
 
 int Membership::published() const {
   if (!store_->check({MembershipKeys::newest()})) return 0;
   return std::stoi(text_of(store_->get(MembershipKeys::newest())));
+}
+
+// Every member of `epoch` says it arrived; the epoch forms when all `members` have, and is given up when the
+// launcher published a newer one first (a member lost before it arrived). Which of the two is decided once, in
+// the store (compareSet on the epoch's fate), so that no member connects to a group that another gave up.
+bool Membership::forms(int epoch, size_t members) {
+  const std::string fate = MembershipKeys::fate(epoch);
+  const std::vector<uint8_t> formed = bytes_of("formed"), given_up = bytes_of("given up");
+  if (store_->add(MembershipKeys::arrivals(epoch), 1) == static_cast<int64_t>(members)) {
+    store_->compareSet(fate, {}, formed);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (!store_->check({fate})) {
+    if (published() > epoch) {
+      store_->compareSet(fate, {}, given_up);
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw CommError(fmt::format("slot {}: the other members of membership epoch {} did not arrive within {:.0f} s",
+                                  slot_, epoch, timeout_.count() / 1000.0));
+    }
+    try {
+      store_->wait({fate}, kArrivalPoll);
+    } catch (const std::exception&) {
+      // Not decided yet: look for a newer epoch again.
+    }
+  }
+  return store_->get(fate) == formed;
 }
 
 void Membership::announce_ready() { store_->set(MembershipKeys::ready(slot_), bytes_of("1")); }
@@ -98,15 +166,21 @@ void Membership::advance() {
                                   "worker lost",
                                   slot_, epoch, format_slots(members)));
     }
-    // A replacement waits through the epochs that do not take it in yet.
-  } while (found == members.cend());
+    // A replacement waits through the epochs that do not take it in yet; every member goes on to a newer epoch
+    // where this one was given up.
+  } while (found == members.cend() || !forms(epoch, members.size()));
   const int rank = static_cast<int>(found - members.cbegin());
-  if (communicator_) retired_->push_back(std::move(communicator_));
-  epoch_ = epoch;
-  members_ = std::move(members);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (communicator_) retired_->push_back(std::move(communicator_));
+    epoch_ = epoch;
+    members_ = std::move(members);
+  }
   auto group_store = c10::make_intrusive<c10d::PrefixStore>(MembershipKeys::group(epoch), store_);
-  communicator_ = connect_(group_store, rank, static_cast<int>(members_.size()));
-  communicator_->diagnose_failures(false);
+  CommunicatorPtr formed = connect_(group_store, rank, static_cast<int>(members_.size()));
+  formed->serve_membership();
+  std::lock_guard<std::mutex> lock(mutex_);
+  communicator_ = std::move(formed);
 }
 
 }  // namespace tandem::comm

@@ -223,7 +223,7 @@ StepStatistics Run::train_step(int epoch, int64_t batch_index, const std::vector
     step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
     samples += batch.size();
   }
-  const int64_t announced = membership_ && is_main_ ? membership_->published() : 0;
+  const int64_t announced = membership_ && is_main_ ? membership_->newest_seen() : 0;
   const StepStatistics stats =
       reduce_step_statistics(step_loss, samples, seconds_since(start), rank_, communicator_, announced);
   if (!stats.nonfinite_ranks.empty()) {

@@ -69,10 +69,20 @@ class Communicator {
   WorkPtr reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::Sum);
   WorkPtr barrier();
 
-  // Off: a failed collective throws CommError at once with the backend's account, instead of first asking the
-  // other ranks through the store which of them were lost (up to CollectiveTracker::kAnswerWait). In-job
-  // recovery turns it off (comm/membership.h): there the launcher knows who was lost, and a second counts.
-  void diagnose_failures(bool on) { diagnose_failures_ = on; }
+  // In-job recovery (comm/membership.h) makes each of a membership's communicators this way. A failed collective
+  // then throws CommError at once with the backend's account, instead of first asking the other ranks through
+  // the store which of them were lost (up to CollectiveTracker::kAnswerWait): the launcher knows who was lost,
+  // and a second counts. And its waits can be abandoned (below).
+  void serve_membership();
+  // From any thread, on a communicator that serves a membership: every wait for one of its collectives, now or
+  // later, throws CommError at once instead of waiting on. In-job recovery abandons a membership's communicator
+  // when a member is lost, so that a rank whose collective waits on a peer of the lost one (which stopped
+  // answering) does not wait for the timeout. The backend's own threads may stay in the collective: the
+  // communicator is not used again.
+  void abandon_waits();
+
+  // The state abandon_waits() sets, shared with the works that wait (communicator.cpp).
+  struct Abandonment;
 
  protected:
   // What a backend can do itself; the base emulates the rest.
@@ -142,6 +152,7 @@ class Communicator {
   // TANDEM_DISTRIBUTED_DEBUG=DETAIL, read once at construction.
   bool compare_before_every_collective_;
   bool diagnose_failures_ = true;
+  std::shared_ptr<Abandonment> abandonment_;  // null unless it serves a membership
   std::shared_ptr<CollectiveTracker> tracker_;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;

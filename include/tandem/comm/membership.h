@@ -5,8 +5,12 @@
 // and publishes it in the rendezvous store (MembershipKeys); each worker forms the communicator of every epoch it
 // is in, over that epoch's keys alone, so that nothing of a lost worker's half-done collectives reaches the new
 // group. Epoch 0 is every slot, with the communicator that init_process_group made.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,9 @@ struct MembershipKeys {
   static std::string members(int epoch) { return "recovery/members/" + std::to_string(epoch); }
   // Set by a replacement once it can be taken in (its data loaded, its model built).
   static std::string ready(int slot) { return "recovery/ready/" + std::to_string(slot); }
+  // How many of epoch `epoch`'s members arrived to form it, and whether it formed or was given up (advance()).
+  static std::string arrivals(int epoch) { return "recovery/arrivals/" + std::to_string(epoch); }
+  static std::string fate(int epoch) { return "recovery/fate/" + std::to_string(epoch); }
   // The prefix of epoch `epoch`'s communicator's keys.
   static std::string group(int epoch) { return "recovery/group/" + std::to_string(epoch) + "/"; }
 };
@@ -57,8 +64,12 @@ class Membership {
   // `store`: the attempt's store. `slot`: this worker's; `slots`: the job's. `first`: epoch 0's communicator,
   // null for a replacement, which holds no training state until it is taken in. `timeout`: how long to wait for
   // the launcher's next epoch, and the new communicator's connection.
+  // `watch_interval`: how often a worker looks for a newer epoch in the store (one read; two where there is one),
+  // to abandon its waits when a member was lost (watch()).
   Membership(StorePtr store, int slot, int slots, Connect connect, CommunicatorPtr first,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, std::chrono::milliseconds watch_interval = kWatchInterval);
+  // On one node, tens of workers: a few hundred reads a second for the store.
+  static constexpr std::chrono::milliseconds kWatchInterval{50};
   // Communicators of earlier epochs are never destroyed: c10d's Gloo has no abort, and its destructor joins
   // threads that may still wait on a lost peer until the timeout. The process's exit releases them.
   ~Membership();
@@ -76,6 +87,8 @@ class Membership {
 
   // The newest epoch the launcher has published: one read of the store.
   int published() const;
+  // The newest epoch this worker's watcher saw published, at most a watch interval ago: no store read.
+  int newest_seen() const { return newest_seen_; }
   // A replacement says that it can be taken in.
   void announce_ready();
   // Waits for an epoch newer than the current one and forms its communicator; the current one is retired.
@@ -88,10 +101,22 @@ class Membership {
   int slot_, slots_;
   Connect connect_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds watch_interval_;
   int epoch_ = 0;
   std::vector<int> members_;
   CommunicatorPtr communicator_;
   std::vector<CommunicatorPtr>* retired_;  // leaked on purpose: see the destructor
+
+  void watch();
+  bool forms(int epoch, size_t members);
+  // While the members of an epoch arrive: how long to wait for its fate before looking for a newer epoch.
+  static constexpr std::chrono::milliseconds kArrivalPoll{20};
+  // Guards epoch_, members_ and communicator_ against the watcher, which reads them.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::atomic<int> newest_seen_{0};
+  std::thread watcher_;
 };
 
 }  // namespace tandem::comm
