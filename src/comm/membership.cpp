@@ -179,8 +179,12 @@ void Membership::advance() {
   auto group_store = c10::make_intrusive<c10d::PrefixStore>(MembershipKeys::group(epoch), store_);
   CommunicatorPtr formed = connect_(group_store, rank, static_cast<int>(members_.size()));
   formed->serve_membership();
-  std::lock_guard<std::mutex> lock(mutex_);
-  communicator_ = std::move(formed);
+  const bool taken_in = !joined();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    communicator_ = std::move(formed);
+  }
+  if (taken_in) store_->set(MembershipKeys::joined(slot_), bytes_of("1"));
 }
 
 }  // namespace tandem::comm

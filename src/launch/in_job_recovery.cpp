@@ -26,6 +26,7 @@ InJobRecovery::Loss InJobRecovery::lose(int slot, int exit_code, int members_run
     loss.recovered = members_running > 0;
   } else {
     if (slot == 0 || members_running == 0) return loss;
+    admitted_.erase(slot);
     members_.erase(slot);
     publish();
     loss.recovered = true;
@@ -45,11 +46,23 @@ std::vector<int> InJobRecovery::take_in_ready() {
     if (!store_->check({comm::MembershipKeys::ready(slot)})) continue;
     store_->deleteKey(comm::MembershipKeys::ready(slot));
     members_.insert(slot);
+    admitted_.insert(slot);
     taken.push_back(slot);
   }
   for (int slot : taken) awaiting_.erase(slot);
   if (!taken.empty()) publish();
   return taken;
+}
+
+std::vector<int> InJobRecovery::joined() {
+  std::vector<int> joined;
+  for (int slot : admitted_) {
+    if (!store_->check({comm::MembershipKeys::joined(slot)})) continue;
+    store_->deleteKey(comm::MembershipKeys::joined(slot));
+    joined.push_back(slot);
+  }
+  for (int slot : joined) admitted_.erase(slot);
+  return joined;
 }
 
 // The members first, then the epoch's number: a worker that reads the number finds its members.

@@ -28,7 +28,10 @@ class InJobRecovery {
   Loss lose(int slot, int exit_code, int members_running);
   // The replacements that said they are ready, taken in with a membership that holds them; empty: none yet.
   std::vector<int> take_in_ready();
-  bool awaiting_replacements() const { return !awaiting_.empty(); }
+  // Of those taken in, the ones that formed that membership with the others (they train from then on); empty:
+  // none yet. One that never does (the others ended first) still waits, and is stopped with the job's end.
+  std::vector<int> joined();
+  bool awaiting_replacements() const { return !awaiting_.empty() || !admitted_.empty(); }
   int replacements_started() const { return replacements_started_; }
   int replacements_left() const { return replacements_left_; }
   int epoch() const { return epoch_; }
@@ -39,6 +42,7 @@ class InJobRecovery {
   comm::StorePtr store_;
   std::set<int> members_;
   std::set<int> awaiting_;  // slots whose replacement runs but is not yet a member
+  std::set<int> admitted_;  // members whose replacement has not formed a membership with the others yet
   int replacements_left_;
   int replacements_started_ = 0;
   int epoch_ = 0;

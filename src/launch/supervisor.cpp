@@ -221,7 +221,10 @@ void Supervisor::recover_in_job() {
       return;
     }
   }
-  for (int slot : recovery_->take_in_ready()) {
+  recovery_->take_in_ready();
+  // A replacement counts as a member once it formed the membership with the others, not when it is published:
+  // members that end the run first never take it in.
+  for (int slot : recovery_->joined()) {
     for (Worker& worker : workers_) worker.awaiting = worker.awaiting && !(worker.local_rank == slot && worker.running);
     report(fmt::format("rank {}'s replacement is taken in (membership epoch {})", slot, recovery_->epoch()));
   }

@@ -81,6 +81,26 @@ TEST(InJobRecovery, AKilledWorkerLeavesTheOthersTrainingAndItsReplacementIsHeale
   }
 }
 
+// Two ranks, the second killed before step 9 of 10: the survivor trains on alone and ends the run, whether or
+// not its replacement was taken in first; a replacement still waiting then is stopped, and the run succeeds.
+TEST(InJobRecovery, ASurvivorThatEndsTheRunBeforeTheReplacementJoinsEndsItWell) {
+  const std::string data = write_tiny_mnist("in_job_late_data", 320, 16);
+  const std::string cwd = make_temp_dir("in_job_late");
+  const ProcessResult result = run_recording_pids(
+      cwd, {"--nproc-per-node", "2", "--max-restarts", "1", "--recovery", "in-job"},
+      {"--data", data, "--epochs", "1", "--batch-size", "16", "--threads", "1", "--timeout", "60", "--run-dir", "run",
+       "--no-tensorboard", "--no-report"},
+      {{"TANDEM_KILL_AT", "step:1:9"}});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("go on without it (in-job recovery)"), std::string::npos) << result.output;
+  EXPECT_EQ(read_lines(cwd + "/pids.0").size(), 1u);
+  const std::vector<nlohmann::json> steps = steps_of(cwd + "/run");
+  // 8 steps of 2 x 16 samples before the kill, and the other 64 in 4 steps of rank 0 alone.
+  ASSERT_EQ(steps.size(), 12u);
+  EXPECT_EQ(steps.back()["world_size"].get<int>(), 1);
+}
+
 TEST(InJobRecovery, WhereItCannotWorkItIsRefusedInOneLineBeforeTraining) {
   const ProcessResult nodes = run_process(
       {tandem_cli(), "run", "--recovery", "in-job", "--nnodes", "2", "--master-addr", "127.0.0.1", "--", "true"});

@@ -77,7 +77,11 @@ TEST(MembershipProtocol, ALostSlotLeavesTheOthersOnANewGroupAndItsReplacementJoi
   EXPECT_TRUE(launcher.take_in_ready().empty()) << "not ready yet";
   replacement.announce_ready();
   EXPECT_EQ(launcher.take_in_ready(), std::vector<int>{1});
+  EXPECT_TRUE(launcher.joined().empty()) << "published, but not formed with the others yet";
+  EXPECT_TRUE(launcher.awaiting_replacements());
   EXPECT_EQ(advance_and_count({workers[0].get(), &replacement, workers[2].get()}), (std::vector<float>{3, 3, 3}));
+  EXPECT_EQ(launcher.joined(), std::vector<int>{1});
+  EXPECT_FALSE(launcher.awaiting_replacements());
   EXPECT_EQ(replacement.epoch(), 2);
   EXPECT_EQ(replacement.communicator()->rank(), 1);
 }
@@ -115,7 +119,8 @@ TEST(MembershipProtocol, AWorkerLeftOutOfTheNewEpochSaysItWasCountedLost) {
 }
 
 // The control plane's shape at scale: with 256 workers, a loss and a replacement's join cost the member that arrives
-// last at the new epoch 8 store requests, whatever the number of workers, and the launcher two writes an epoch.
+// last at the new epoch about ten store requests (9 here: the epoch's wait, the newest epoch, its members, its
+// arrival and fate), whatever the number of workers, and the launcher two writes an epoch.
 TEST(MembershipProtocol, EachMemberSpendsAFewStoreRequestsPerChangeWhateverTheWorldSize) {
   constexpr int kSlots = 256;
   auto shared = c10::make_intrusive<c10d::HashStore>();
@@ -159,7 +164,7 @@ TEST(MembershipProtocol, EachMemberSpendsAFewStoreRequestsPerChangeWhateverTheWo
   members[0]->advance();
   const int64_t operations = stores[0]->traffic().since(before).operations;
   for (auto& thread : others) thread.join();
-  EXPECT_LE(operations, 8) << "the last member to arrive";
+  EXPECT_LE(operations, 10) << "the last member to arrive";
   for (int slot = 0; slot < kSlots; ++slot) {
     const Membership& member = slot == 77 ? replacement : *members[slot];
     EXPECT_EQ(member.epoch(), 2) << "slot " << slot;

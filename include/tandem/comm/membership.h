@@ -45,6 +45,8 @@ struct MembershipKeys {
   static std::string members(int epoch) { return "recovery/members/" + std::to_string(epoch); }
   // Set by a replacement once it can be taken in (its data loaded, its model built).
   static std::string ready(int slot) { return "recovery/ready/" + std::to_string(slot); }
+  // Set by a replacement once it formed a membership with the others: it trains with them from then on.
+  static std::string joined(int slot) { return "recovery/joined/" + std::to_string(slot); }
   // How many of epoch `epoch`'s members arrived to form it, and whether it formed or was given up (advance()).
   static std::string arrivals(int epoch) { return "recovery/arrivals/" + std::to_string(epoch); }
   static std::string fate(int epoch) { return "recovery/fate/" + std::to_string(epoch); }
