@@ -20,8 +20,8 @@ struct RecoveryBenchOptions {
   std::vector<int> ranks{2, 3, 4};
   std::vector<std::string> recoveries{"restart", "in-job"};
   int64_t batch_size = 32;
-  int64_t steps = 120;
-  int64_t kill_after = 40;  // the step whose record triggers the kill
+  int64_t steps = 300;
+  int64_t kill_after = 100;  // the step whose record triggers the kill
   int64_t checkpoint_every = 20;
   int rounds = 1;
 };

@@ -1,6 +1,6 @@
 // `tandem bench recovery`: what a lost worker costs under `tandem run --recovery restart` and `--recovery in-job`,
 // side by side on loopback (bench/recovery/recovery_bench.h).
-//   tandem bench recovery [--ranks 2,3,4] [--model cnn] [--steps 120] [--kill-after 40] [--checkpoint-every 20]
+//   tandem bench recovery [--ranks 2,3,4] [--model cnn] [--steps 300] [--kill-after 100] [--checkpoint-every 20]
 //                         [--rounds 1] [--data DIR]
 #include <filesystem>
 #include <memory>
