@@ -72,6 +72,14 @@ std::string find_python_with_fully_shard(const std::string& flag) {
       flag));
 }
 
+std::string find_python_with_torchft() {
+  std::string python = first_python_running({".venv/bin/python", "python3"}, "import torchft");
+  if (!python.empty()) return python;
+  throw UnsupportedError(
+      "--compare torchft needs PyTorch's TorchFT for Python, which no python here has; scripts/install-python-tools "
+      "installs it into .venv, or set PYTHON to a Python that has it");
+}
+
 std::string find_python_with_torchvision() {
   std::string python = first_python_running({"/usr/bin/python3", "python3"}, "import torchvision, PIL");
   if (!python.empty()) return python;

@@ -28,6 +28,10 @@ std::string find_python(const std::string& flag);
 // makes it). UnsupportedError naming `flag` where none has it.
 std::string find_python_with_fully_shard(const std::string& flag);
 
+// The same for PyTorch's TorchFT (`bench recovery --compare torchft`): $PYTHON, then the checkout's .venv/bin/python
+// (scripts/install-python-tools installs torchft there), then python3. UnsupportedError where none has it.
+std::string find_python_with_torchft();
+
 // The same for torchvision and PIL (`bench data --compare torchvision`): $PYTHON, /usr/bin/python3 (where
 // python3-torchvision installs), then python3. UnsupportedError where none has them.
 std::string find_python_with_torchvision();

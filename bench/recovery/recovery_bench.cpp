@@ -143,6 +143,33 @@ RecoveryRun run_once(const RecoveryBenchOptions& options, int ranks, const std::
   return run;
 }
 
+// The same job on TorchFT: its script drives it and prints the figures as JSON.
+RecoveryRun run_torchft(const RecoveryBenchOptions& options, const std::string& python, int ranks, int round,
+                        const ResultFolder& folder) {
+  const std::string name = fmt::format("torchft_{}_{}", ranks, round);
+  const std::filesystem::path result = folder / (name + ".json");
+  run_or_throw(fmt::format("{} {} --replicas {} --steps {} --kill-after {} --batch-size {} --model {} --data {} > {}",
+                           python, shell_quoted(options.torchft_script), ranks, options.steps, options.kill_after,
+                           options.batch_size, options.model, shell_quoted(options.data_dir),
+                           shell_quoted(result.string())),
+               "the TorchFT job " + name);
+  const nlohmann::json figures = read_result(result.string(), "the TorchFT job " + name);
+  RecoveryRun run{ranks, "torchft", round};
+  run.last_step_before_kill = figures.at("last_step_before_kill").get<int64_t>();
+  run.seconds_to_first_new_step = figures.at("kill_to_first_new_step_s").get<double>();
+  run.steps_trained_again = figures.at("steps_trained_again").get<int64_t>();
+  const nlohmann::json& full = figures.at("kill_to_full_size_s");
+  run.seconds_to_full_size = full.is_null() ? -1 : full.get<double>();
+  return run;
+}
+
+// The table's rows for each number of ranks: tandem's recoveries, then TorchFT's where compared.
+std::vector<std::string> recoveries_of(const RecoveryBenchOptions& options) {
+  std::vector<std::string> recoveries = options.recoveries;
+  if (options.compare_torchft) recoveries.push_back("torchft");
+  return recoveries;
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0.0 : values[values.size() / 2];
@@ -152,11 +179,13 @@ double median(std::vector<double> values) {
 
 std::vector<RecoveryRun> run_recovery_bench(const RecoveryBenchOptions& options) {
   ResultFolder folder;
+  const std::string python = options.compare_torchft ? find_python_with_torchft() : "";
   std::vector<RecoveryRun> runs;
   for (int round = 0; round < options.rounds; ++round) {
     for (int ranks : options.ranks) {
-      for (const std::string& recovery : options.recoveries) {
-        runs.push_back(run_once(options, ranks, recovery, round, folder));
+      for (const std::string& recovery : recoveries_of(options)) {
+        runs.push_back(recovery == "torchft" ? run_torchft(options, python, ranks, round, folder)
+                                             : run_once(options, ranks, recovery, round, folder));
         const RecoveryRun& run = runs.back();
         fmt::print(stderr, "round {}: {} ranks, {}: killed after step {}; first new step {:.3f} s later\n", round + 1,
                    ranks, recovery, run.last_step_before_kill, run.seconds_to_first_new_step);
@@ -174,7 +203,7 @@ void print_recovery_table(const std::vector<RecoveryRun>& runs, const RecoveryBe
   fmt::print("| ranks | recovery | kill to first new step (s) | steps trained again | kill to full size (s) |\n");
   fmt::print("| --- | --- | --- | --- | --- |\n");
   for (int ranks : options.ranks) {
-    for (const std::string& recovery : options.recoveries) {
+    for (const std::string& recovery : recoveries_of(options)) {
       std::vector<double> first, again, full;
       for (const RecoveryRun& run : runs) {
         if (run.ranks != ranks || run.recovery != recovery) continue;

@@ -6,7 +6,9 @@
 // would: no message, no flush) and notes the wall time. From steps.jsonl, whose records carry the time each step
 // ended and its world size, it then reads: the time from the kill to the end of the first new step (the step after
 // the last one recorded before the kill); the steps trained again (records of steps up to that one written after
-// the kill); and the time from the kill until a step ran at full size again.
+// the kill); and the time from the kill until a step ran at full size again. With `compare_torchft` the same job
+// runs on PyPI's TorchFT beside them (bench/recovery/torchft_recovery.py: one replica group per rank, its
+// lighthouse on loopback, rank 1's replica SIGKILLed and started again), measured the same way.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +26,8 @@ struct RecoveryBenchOptions {
   int64_t kill_after = 100;  // the step whose record triggers the kill
   int64_t checkpoint_every = 20;
   int rounds = 1;
+  bool compare_torchft = false;
+  std::string torchft_script = "bench/recovery/torchft_recovery.py";
 };
 
 struct RecoveryRun {

@@ -1,7 +1,7 @@
 // `tandem bench recovery`: what a lost worker costs under `tandem run --recovery restart` and `--recovery in-job`,
 // side by side on loopback (bench/recovery/recovery_bench.h).
 //   tandem bench recovery [--ranks 2,3,4] [--model cnn] [--steps 300] [--kill-after 100] [--checkpoint-every 20]
-//                         [--rounds 1] [--data DIR]
+//                         [--rounds 1] [--data DIR] [--compare torchft]
 #include <filesystem>
 #include <memory>
 
@@ -52,6 +52,14 @@ const CommandRegistration kBenchRecovery{
                          "Steps between the checkpoints a restart continues from")
           ->capture_default_str()
           ->check(at_least<int64_t>(1));
+      command
+          .add_option_function<std::string>(
+              "--compare", [options](const std::string&) { options->compare_torchft = true; },
+              "torchft: the same job on PyPI's TorchFT beside them (one replica group per rank, its lighthouse on "
+              "loopback; bench/recovery/torchft_recovery.py, from .venv)")
+          ->check(CLI::IsMember({"torchft"}));
+      command.add_option("--torchft-script", options->torchft_script, "--compare torchft: the side script")
+          ->capture_default_str();
       command.add_option("--rounds", options->rounds, "Rounds of every job, side by side; the table holds medians")
           ->capture_default_str()
           ->check(between<int>(1, 100));

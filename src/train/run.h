@@ -92,9 +92,8 @@ class Run {
   // run_recovery.cpp: in-job recovery's change of membership, and a replacement's start.
   void change_membership(int epoch, EpochProgress& progress);
   void be_taken_in();
-  void take_part_in_next_membership();
+  void form_next_membership(const std::function<void()>& heal);
   std::optional<checkpoint::CheckpointState> heal(int epoch, const EpochProgress& progress);
-  void rewrap_on_membership();
   void use_communicator(comm::CommunicatorPtr communicator);
 
   // run_evaluation.cpp: the end of an epoch, and of the run.
@@ -108,6 +107,7 @@ class Run {
   std::shared_ptr<comm::Membership> membership_;  // in-job recovery's; null without
   bool holds_state_;              // false in a replacement until a member healed it
   bool joined_in_epoch_ = false;  // a replacement, until its first epoch began
+  int64_t heals_sent_ = 0;        // states this rank sent to members behind it
   int rank_, world_;
   bool is_main_;
   nn::ModelHolder model_;

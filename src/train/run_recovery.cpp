@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "run.h"
 #include "training_loaders.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/util/error.h"
+#include "tandem/util/fault_injection.h"
 #include "tandem/util/log.h"
 
 namespace tandem::train {
@@ -75,12 +77,12 @@ void Run::change_membership(int epoch, EpochProgress& progress) {
   const int old_world = world_;
   progress.first_position = position_done(progress);
   progress.first_batch = progress.batches_done;
-  take_part_in_next_membership();
-  if (std::optional<checkpoint::CheckpointState> healed = heal(epoch, progress)) {
-    progress = {healed->batches_done, healed->epoch_loss_sum, healed->epoch_steps, healed->epoch_samples,
-                healed->epoch_train_seconds, healed->sample_position, healed->batches_done};
-  }
-  rewrap_on_membership();
+  form_next_membership([&] {
+    if (std::optional<checkpoint::CheckpointState> healed = heal(epoch, progress)) {
+      progress = {healed->batches_done, healed->epoch_loss_sum, healed->epoch_steps, healed->epoch_samples,
+                  healed->epoch_train_seconds, healed->sample_position, healed->batches_done};
+    }
+  });
   TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
   train_loader_ = std::move(loaders.train);
   eval_loader_ = std::move(loaders.eval);
@@ -97,26 +99,35 @@ void Run::change_membership(int epoch, EpochProgress& progress) {
 void Run::be_taken_in() {
   module_.to(options_.device);
   membership_->announce_ready();
-  take_part_in_next_membership();
-  std::optional<checkpoint::CheckpointState> healed = heal(0, {});
-  if (!healed) throw InternalError("a replacement was taken in without the members' state");
-  resumed_ = *healed;
-  resumed_position_ = healed->sample_position;
+  form_next_membership([&] {
+    std::optional<checkpoint::CheckpointState> healed = heal(0, {});
+    if (!healed) throw InternalError("a replacement was taken in without the members' state");
+    resumed_ = *healed;
+    resumed_position_ = healed->sample_position;
+  });
   joined_in_epoch_ = true;
-  rewrap_on_membership();
   log::info("taken in as rank {} of {} (slot {}) at step {}", rank_, world_, membership_->slot(), step_);
 }
 
-void Run::take_part_in_next_membership() {
-  membership_->advance();
-  use_communicator(membership_->communicator());
-}
-
-// The model wrapped over the new communicator (DDP's wrapper checks that every rank holds the same model, and
-// broadcasts rank 0's), and the learning rate scaled to the new global batch.
-void Run::rewrap_on_membership() {
-  strategy_->wrap({options_, model_, optimizer_, communicator_ptr_});
-  scale_base_lrs();
+// The next membership's communicator, `heal` (every member at the newest step), then the model wrapped over the
+// communicator (DDP's wrapper checks that every rank holds the same model, and broadcasts rank 0's) and the
+// learning rate scaled to the new global batch. A member lost meanwhile (the one sending the state, say) fails a
+// collective of this membership too: the members go on to the launcher's next one, and heal again there.
+void Run::form_next_membership(const std::function<void()>& heal) {
+  while (true) {
+    // Its own failures (no launcher's decision in time, this worker counted lost) end the run.
+    membership_->advance();
+    use_communicator(membership_->communicator());
+    try {
+      heal();
+      strategy_->wrap({options_, model_, optimizer_, communicator_ptr_});
+      scale_base_lrs();
+      return;
+    } catch (const CommError& error) {
+      log::warn("a collective failed while the membership changed ({}); going on with the ranks that are left",
+                first_line(error.what()));
+    }
+  }
 }
 
 // Collective on the new communicator. The members' steps are gathered: a member whose step's last collective
@@ -129,19 +140,19 @@ std::optional<checkpoint::CheckpointState> Run::heal(int epoch, const EpochProgr
   std::vector<torch::Tensor> steps;
   for (int r = 0; r < world_; ++r) steps.push_back(torch::empty({1}, torch::kInt64));
   communicator_->all_gather(steps, torch::full({1}, mine, torch::kInt64))->wait();
-  int64_t newest = -1;
+  // The source is the last member at the newest step: rank 0 has the run's records and checkpoints to write, and
+  // its loss ends in a restart, where another source's loss is recovered in the job like any other.
+  int64_t newest = -1, oldest = std::numeric_limits<int64_t>::max();
   int source = 0;
-  bool anyone_behind = false;
   for (int r = 0; r < world_; ++r) {
     const int64_t step = steps[static_cast<size_t>(r)].item<int64_t>();
-    if (step > newest) {
-      if (newest >= 0) anyone_behind = true;
+    oldest = std::min(oldest, step);
+    if (step >= newest) {
       newest = step;
       source = r;
-    } else if (step < newest) {
-      anyone_behind = true;
     }
   }
+  const bool anyone_behind = oldest < newest;
   if (newest < 0) throw Error("no member of the new membership holds the training state; restart from a checkpoint");
   if (!anyone_behind) return std::nullopt;
 
@@ -158,6 +169,7 @@ std::optional<checkpoint::CheckpointState> Run::heal(int epoch, const EpochProgr
     size.fill_(bytes.numel());
   }
   communicator_->broadcast(size, source)->wait();
+  if (rank_ == source) fault::kill_point("heal-send", ++heals_sent_);
   if (rank_ != source) bytes = torch::empty({size.item<int64_t>()}, torch::kUInt8);
   communicator_->broadcast(bytes, source)->wait();
   if (mine == newest) return std::nullopt;

@@ -101,6 +101,35 @@ TEST(InJobRecovery, ASurvivorThatEndsTheRunBeforeTheReplacementJoinsEndsItWell) 
   EXPECT_EQ(steps.back()["world_size"].get<int>(), 1);
 }
 
+// A second loss during recovery, and of the rank that was sending the heal: rank 1 dies before step 6, and rank 2,
+// the member that sends its replacement the state, dies half way through sending it. The members (rank 0 and the
+// replacement) form the next membership and heal there from rank 0; rank 2's replacement joins later.
+TEST(InJobRecovery, TheRankSendingTheHealIsLostTooAndTheOthersHealAgainWithoutIt) {
+  const std::string data = write_tiny_mnist("in_job_heal_data", 1920, 48);
+  const std::string cwd = make_temp_dir("in_job_heal_lost");
+  const ProcessResult result = run_recording_pids(
+      cwd, {"--nproc-per-node", "3", "--max-restarts", "2", "--recovery", "in-job"},
+      {"--data", data, "--epochs", "3", "--batch-size", "16", "--threads", "1", "--seed", "5", "--timeout", "60",
+       "--check-replicas-every", "1", "--run-dir", "run", "--no-tensorboard", "--no-report"},
+      {{"TANDEM_KILL_AT", "step:1:6,heal-send:2:1"}});
+  ASSERT_FALSE(result.timed_out) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("rank 2 was killed by signal SIGKILL (9); the other"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("a collective failed while the membership changed"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("resuming from"), std::string::npos) << result.output;
+  EXPECT_EQ(read_lines(cwd + "/pids.0").size(), 1u);
+  EXPECT_EQ(read_lines(cwd + "/pids.1").size(), 2u);
+  EXPECT_EQ(read_lines(cwd + "/pids.2").size(), 2u);
+  const std::vector<nlohmann::json> steps = steps_of(cwd + "/run");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1)) << "each step once, none trained again";
+  }
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back()["world_size"].get<int>(), 3) << "both replacements were taken in";
+}
+
 TEST(InJobRecovery, WhereItCannotWorkItIsRefusedInOneLineBeforeTraining) {
   const ProcessResult nodes = run_process(
       {tandem_cli(), "run", "--recovery", "in-job", "--nnodes", "2", "--master-addr", "127.0.0.1", "--", "true"});

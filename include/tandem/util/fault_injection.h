@@ -1,6 +1,6 @@
 #pragma once
 // Deliberate crashes for the reliability harness (scripts/kill-trials, RELIABILITY.md). With
-//   TANDEM_KILL_AT=POINT:RANK:COUNT
+//   TANDEM_KILL_AT=POINT:RANK:COUNT[,POINT:RANK:COUNT...]
 // the process of rank RANK (its RANK variable, 0 without one) kills itself with SIGKILL the moment it reaches
 // POINT for the COUNT-th time: no destructor, flush or message runs, exactly as if the machine had killed it.
 // Only the launcher's first attempt dies (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted group runs on,
@@ -9,6 +9,8 @@
 //   step              before optimizer step COUNT (counted from 1 over the whole run, resumed runs included)
 //   safetensors-write halfway through writing the COUNT-th safetensors file of this process (a checkpoint
 //                     or --save-weights), with part of its temp file written and before the rename
+//   heal-send         in-job recovery: in the middle of sending this process's COUNT-th state to members behind
+//                     (docs/recovery.md), after its size and before its bytes
 // And a loss that turns bad, for the test of the loop's non-finite check: with
 //   TANDEM_INJECT_NAN_AT_STEP=RANK:STEP
 // rank RANK's loss is NaN at optimizer step STEP (0-based, counted from the start of the run).
