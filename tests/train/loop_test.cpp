@@ -405,6 +405,25 @@ TEST(Loop, DdpCommHookSetBesideCommHookIsRefused) {
   }
 }
 
+// In-job recovery needs the membership that `tandem run --recovery in-job` gives its workers' process group; a
+// Loop without one (here: no process group at all) is refused before anything trains.
+TEST(Loop, InJobRecoveryWithoutAMembershipIsRefusedInOneLine) {
+  torch::nn::Sequential net = make_net(1);
+  const std::vector<torch::Tensor> before = weights_of(net);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  LoopOptions options = quiet_options(make_temp_dir("loop_in_job"));
+  options.in_job_recovery = true;
+  try {
+    Loop(options, nullptr).fit(net, sgd, separable_set(96, 7), nullptr);
+    ADD_FAILURE() << "in_job_recovery without a membership";
+  } catch (const InvalidArgument& refusal) {
+    EXPECT_NE(std::string(refusal.what()).find("`in_job_recovery` needs a process group that holds the job's membership"),
+              std::string::npos)
+        << refusal.what();
+  }
+  expect_identical(before, weights_of(net), "weights after a refused fit");
+}
+
 // A partial last batch is not a whole one: throughput counts the samples trained on.
 TEST(Loop, ThroughputCountsTheSamplesOfPartialBatches) {
   torch::nn::Sequential net = make_net(1);
