@@ -76,8 +76,8 @@ Membership::~Membership() {
   if (communicator_) retired_->push_back(std::move(communicator_));
 }
 
-// Every watch interval: the newest epoch published, and where it leaves out a member of the current one, the
-// current communicator abandoned, so that no member waits on for a peer that stopped answering. An epoch that only
+// Every watch interval: the newest epoch published, and where it or an epoch before it leaves out a member of the
+// current one, the current communicator abandoned, so that no member waits on for a peer that stopped answering. An epoch that only
 // adds members (a replacement taken in) abandons nothing: the members change at a step boundary instead.
 void Membership::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -91,10 +91,14 @@ void Membership::watch() {
       const int newest = published();
       newest_seen_ = newest;
       if (newest > watched && abandoned_epoch != watched && communicator) {
-        const std::vector<int> next = parse_slots(text_of(store_->get(MembershipKeys::members(newest))));
-        const bool someone_lost = std::any_of(members.begin(), members.end(), [&](int slot) {
-          return std::find(next.begin(), next.end(), slot) == next.end();
-        });
+        // Every epoch since the watched one: a slot lost and taken in again (its replacement) left one of them.
+        bool someone_lost = false;
+        for (int epoch = watched + 1; epoch <= newest && !someone_lost; ++epoch) {
+          const std::vector<int> next = parse_slots(text_of(store_->get(MembershipKeys::members(epoch))));
+          someone_lost = std::any_of(members.begin(), members.end(), [&](int slot) {
+            return std::find(next.begin(), next.end(), slot) == next.end();
+          });
+        }
         if (someone_lost) {
           communicator->abandon_waits();
           abandoned_epoch = watched;
