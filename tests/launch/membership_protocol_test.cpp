@@ -86,6 +86,34 @@ TEST(MembershipProtocol, ALostSlotLeavesTheOthersOnANewGroupAndItsReplacementJoi
   EXPECT_EQ(replacement.communicator()->rank(), 1);
 }
 
+// A collective that waits on a lost slot is abandoned by the watcher, not left to the timeout, even where the
+// slot's replacement was taken in before the watcher looked: an epoch in between left the slot out.
+TEST(MembershipProtocol, AWaitOnALostSlotIsAbandonedEvenAfterItsReplacementWasTakenIn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto workers = first_members(store, 3);
+  InJobRecovery launcher(store, 3, 1);
+  launcher.lose(1, -1, 2);
+  store->set(comm::MembershipKeys::ready(1), {'1'});
+  ASSERT_EQ(launcher.take_in_ready(), std::vector<int>{1});
+  // Slots 0 and 2 all-reduce on epoch 0's group, which slot 1's lost process never joins.
+  std::vector<std::future<std::string>> waits;
+  for (int slot : {0, 2}) {
+    waits.push_back(std::async(std::launch::async, [&, slot] {
+      torch::Tensor one = torch::ones({1});
+      try {
+        workers[slot]->communicator()->all_reduce(one)->wait();
+        return std::string("completed");
+      } catch (const CommError& error) {
+        return std::string(error.what());
+      }
+    }));
+  }
+  for (auto& wait : waits) {
+    const std::string outcome = wait.get();
+    EXPECT_NE(outcome.find("abandoned: the job's membership changed"), std::string::npos) << outcome;
+  }
+}
+
 TEST(MembershipProtocol, WhatCannotBeRecoveredInTheJobIsLeftToTheLauncherAsBefore) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   InJobRecovery launcher(store, 4, /*replacements_allowed=*/1);
