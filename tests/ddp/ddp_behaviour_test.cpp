@@ -148,7 +148,9 @@ TEST(DdpBuffers, FollowRankZeroAtEachSynchronisedForward) {
     torch::nn::Sequential net(torch::nn::Linear(3, 3), torch::nn::BatchNorm1d(3));
     ddp::DistributedDataParallel<torch::nn::Sequential> model(net, borrow(communicator));
     model.eval();  // BatchNorm leaves its statistics alone, so what we see is only the broadcast
-    auto& running_mean = *net->named_buffers().find("1.running_mean");
+    // named_buffers() returns its dictionary by value: a reference into it would dangle once the statement ends
+    // (it read freed memory, and segfaulted once the heap's layout changed); a Tensor shares the buffer's storage.
+    torch::Tensor running_mean = *net->named_buffers().find("1.running_mean");
     {
       torch::NoGradGuard no_grad;
       running_mean.fill_(rank + 1.0);
