@@ -171,8 +171,10 @@ std::vector<std::string> recoveries_of(const RecoveryBenchOptions& options) {
 }
 
 double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
 }
 
 }  // namespace
