@@ -1,4 +1,4 @@
-// Bad input to `tandem bench train`, `overhead`, `allreduce`, `data` and `rendezvous`: each ends in one
+// Bad input to `tandem bench train`, `overhead`, `allreduce`, `data`, `rendezvous` and `recovery`: each ends in one
 // line that names the flag, the value or the file and says what to do, with exit code 2, before any worker starts
 // or any rank joins (issue 29). A --batch-size of -1 used to reach the workers as a LibTorch backtrace, --steps 0
 // a JSON library exception, --world-sizes 0 a message about bytes, --json to a missing folder an error after the
@@ -48,6 +48,11 @@ std::string pytorch_script() {
 
 std::vector<std::string> bench_rendezvous(std::vector<std::string> args) {
   args.insert(args.begin(), {"bench", "rendezvous"});
+  return args;
+}
+
+std::vector<std::string> bench_recovery(std::vector<std::string> args) {
+  args.insert(args.begin(), {"bench", "recovery"});
   return args;
 }
 
@@ -184,6 +189,11 @@ std::vector<BadInput> bad_inputs() {
        {"--keep-alive-max-attempt", "from 2 to", "not 1"}},
       {"RendezvousZeroLastCall", bench_rendezvous({"--last-call", "0"}), {"--last-call", "between", "not 0"}},
       {"RendezvousZeroTicks", bench_rendezvous({"--heartbeat-ticks", "0"}), {"--heartbeat-ticks", "from 1 to", "not 0"}},
+      // bench recovery: the kill inside the run, the comparison it knows, ranks a kill leaves someone of
+      {"RecoveryKillAfterTheRun", bench_recovery({"--steps", "50", "--kill-after", "50"}),
+       {"--kill-after 50 must be below --steps 50"}},
+      {"RecoveryUnknownComparison", bench_recovery({"--compare", "horovod"}), {"--compare", "horovod"}},
+      {"RecoveryOneRank", bench_recovery({"--ranks", "1"}), {"--ranks", "not 1"}},
   };
   if (!TANDEM_HAVE_NCCL) {
     rows.push_back({"TrainNcclWithoutNccl", bench_train({"--backend", "nccl"}), {"--backend", "nccl"}});
