@@ -32,8 +32,6 @@ bool mentions(const std::string& text, const std::string& word) {
   return lower.find(word) != std::string::npos;
 }
 
-std::string as_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> as_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
 // "collective #7 differs across ranks: rank 0 in all_reduce(avg) float32[60], rank 1 in barrier", or "" where
 // the known signatures (non-empty entries of `signature_of`, one per rank) agree.
@@ -147,9 +145,9 @@ void respond_loop(const std::shared_ptr<CollectiveTracker::Shared>& shared) {
     lock.unlock();
     try {
       if (shared->store->check({kRequestsKey})) {
-        const uint64_t requested = std::stoull(as_text(shared->store->get(kRequestsKey)));
+        const uint64_t requested = std::stoull(store_text(shared->store->get(kRequestsKey)));
         if (requested != answered) {
-          shared->store->set(answer_key(shared->rank), as_bytes(answer_text(*shared, requested)));
+          shared->store->set(answer_key(shared->rank), store_bytes(answer_text(*shared, requested)));
           answered = requested;
         }
       }
@@ -186,7 +184,7 @@ std::map<int, Answer> ask_the_others(CollectiveTracker::Shared& shared) {
     std::vector<int> still_waiting;
     for (int r : waiting_for) {
       const std::string key = answer_key(r);
-      const std::string text = shared.store->check({key}) ? as_text(shared.store->get(key)) : "";
+      const std::string text = shared.store->check({key}) ? store_text(shared.store->get(key)) : "";
       const size_t space = text.find(' ');
       const size_t end_of_line = text.find('\n');
       // An answer to an earlier request is from before this failure; one to a later request (another rank's
@@ -279,14 +277,14 @@ void CollectiveTracker::agree(uint64_t sequence, std::chrono::milliseconds timeo
   std::vector<std::string> signature_of(static_cast<size_t>(shared.world_size));
   signature_of[static_cast<size_t>(shared.rank)] = own_signature->describe();
   try {
-    shared.store->set(agreement_key(sequence, shared.rank), as_bytes(own_signature->describe()));
+    shared.store->set(agreement_key(sequence, shared.rank), store_bytes(own_signature->describe()));
     std::vector<std::string> others;
     for (int r = 0; r < shared.world_size; ++r) {
       if (r != shared.rank) others.push_back(agreement_key(sequence, r));
     }
     shared.store->wait(others, timeout);
     for (int r = 0; r < shared.world_size; ++r) {
-      if (r != shared.rank) signature_of[static_cast<size_t>(r)] = as_text(shared.store->get(agreement_key(sequence, r)));
+      if (r != shared.rank) signature_of[static_cast<size_t>(r)] = store_text(shared.store->get(agreement_key(sequence, r)));
     }
     // Every rank has published collective `sequence`'s signature, so each has read every signature of the one
     // before: nobody reads this rank's old one any more.

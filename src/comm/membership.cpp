@@ -13,9 +13,6 @@
 namespace tandem::comm {
 namespace {
 
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
-
 }  // namespace
 
 bool in_job_recovery_requested() {
@@ -94,7 +91,7 @@ void Membership::watch() {
         // Every epoch since the watched one: a slot lost and taken in again (its replacement) left one of them.
         bool someone_lost = false;
         for (int epoch = watched + 1; epoch <= newest && !someone_lost; ++epoch) {
-          const std::vector<int> next = parse_slots(text_of(store_->get(MembershipKeys::members(epoch))));
+          const std::vector<int> next = parse_slots(store_text(store_->get(MembershipKeys::members(epoch))));
           someone_lost = std::any_of(members.begin(), members.end(), [&](int slot) {
             return std::find(next.begin(), next.end(), slot) == next.end();
           });
@@ -113,7 +110,7 @@ void Membership::watch() {
 
 int Membership::published() const {
   if (!store_->check({MembershipKeys::newest()})) return 0;
-  return std::stoi(text_of(store_->get(MembershipKeys::newest())));
+  return std::stoi(store_text(store_->get(MembershipKeys::newest())));
 }
 
 // Every member of `epoch` says it arrived; the epoch forms when all `members` have, and is given up when the
@@ -121,7 +118,7 @@ int Membership::published() const {
 // the store (compareSet on the epoch's fate), so that no member connects to a group that another gave up.
 bool Membership::forms(int epoch, size_t members) {
   const std::string fate = MembershipKeys::fate(epoch);
-  const std::vector<uint8_t> formed = bytes_of("formed"), given_up = bytes_of("given up");
+  const std::vector<uint8_t> formed = store_bytes("formed"), given_up = store_bytes("given up");
   if (store_->add(MembershipKeys::arrivals(epoch), 1) == static_cast<int64_t>(members)) {
     store_->compareSet(fate, {}, formed);
   }
@@ -144,7 +141,7 @@ bool Membership::forms(int epoch, size_t members) {
   return store_->get(fate) == formed;
 }
 
-void Membership::announce_ready() { store_->set(MembershipKeys::ready(slot_), bytes_of("1")); }
+void Membership::announce_ready() { store_->set(MembershipKeys::ready(slot_), store_bytes("1")); }
 
 void Membership::advance() {
   int epoch = epoch_;
@@ -163,7 +160,7 @@ void Membership::advance() {
                                   slot_, timeout_.count() / 1000.0, next, first_line(error.what())));
     }
     epoch = std::max(next, published());
-    members = parse_slots(text_of(store_->get(MembershipKeys::members(epoch))));
+    members = parse_slots(store_text(store_->get(MembershipKeys::members(epoch))));
     found = std::find(members.cbegin(), members.cend(), slot_);
     if (found == members.cend() && joined()) {
       throw CommError(fmt::format("the launcher left slot {} out of membership epoch {} ({}): it counted this "
@@ -188,7 +185,7 @@ void Membership::advance() {
     std::lock_guard<std::mutex> lock(mutex_);
     communicator_ = std::move(formed);
   }
-  if (taken_in) store_->set(MembershipKeys::joined(slot_), bytes_of("1"));
+  if (taken_in) store_->set(MembershipKeys::joined(slot_), store_bytes("1"));
 }
 
 }  // namespace tandem::comm

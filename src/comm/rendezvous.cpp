@@ -27,7 +27,6 @@ const std::string kTimedOutKey = "tandem/join/timed_out";
 const std::string kTimedOutAcksKey = "tandem/join/timed_out/acks";
 constexpr std::chrono::seconds kTimedOutLinger{2};
 
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
 double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
@@ -232,7 +231,7 @@ void join(const StorePtr& store_ptr, int rank, int world_size, std::chrono::mill
                                       rank, claims, world_size - 1));
   }
   std::string identity = fmt::format("{} {}", world_size, ::getpid());
-  store.set(me, std::vector<uint8_t>(identity.begin(), identity.end()));
+  store.set(me, store_bytes(identity));
 
   const auto timed_out = [&](const std::string& missing_ranks) {
     return TimeoutError(fmt::format(
@@ -252,14 +251,14 @@ void join(const StorePtr& store_ptr, int rank, int world_size, std::chrono::mill
       // Rank 0 hosts the store and gives up first when it started first; the others learn from it which ranks
       // were missing, rather than from a connection that broke under them.
       if (rank != 0 && store.check({kTimedOutKey})) {
-        std::string missing_ranks = text_of(store.get(kTimedOutKey));
+        std::string missing_ranks = store_text(store.get(kTimedOutKey));
         store.add(kTimedOutAcksKey, 1);
         throw timed_out(missing_ranks);
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         std::string missing_ranks = describe_ranks(missing);
         if (rank == 0) {
-          store.set(kTimedOutKey, std::vector<uint8_t>(missing_ranks.begin(), missing_ranks.end()));
+          store.set(kTimedOutKey, store_bytes(missing_ranks));
           // Keep the store up until the ranks that joined have read why (bounded: some may have left already).
           const int joined_others = world_size - static_cast<int>(missing.size()) - 1;
           const auto linger_until = std::chrono::steady_clock::now() + kTimedOutLinger;
@@ -282,7 +281,7 @@ void join(const StorePtr& store_ptr, int rank, int world_size, std::chrono::mill
         rank, describe_ranks(missing), world_size, error.what()));
   }
   for (int r = 0; r < world_size; ++r) {
-    std::string value = text_of(store.get(join_key(r)));
+    std::string value = store_text(store.get(join_key(r)));
     int their_world = std::stoi(value.substr(0, value.find(' ')));
     if (their_world != world_size) {
       throw InvalidArgument(fmt::format("world size mismatch: rank {} says {}, rank {} says {}; start every rank "

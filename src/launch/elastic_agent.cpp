@@ -18,6 +18,7 @@
 #include "job_signature.h"
 #include "output_relay.h"
 #include "supervisor.h"
+#include "tandem/comm/rendezvous.h"
 #include "tandem/launch/agent_store.h"
 #include "tandem/launch/round_rendezvous.h"
 #include "tandem/util/call_within.h"
@@ -183,10 +184,10 @@ class ElasticAgent {
   void enter() {
     const std::string id = plan_.run_id;
     const std::string served = on_store([client = client_, id, now = Clock::now()](RoundRendezvous& rounds) {
-      const std::vector<uint8_t> wanted(id.begin(), id.end());
+      const std::vector<uint8_t> wanted = comm::store_bytes(id);
       const std::vector<uint8_t> found = client->compareSet("/tandem_agents/job", {}, wanted);
       if (found == wanted) rounds.enter(now);
-      return std::string(found.begin(), found.end());
+      return comm::store_text(found);
     });
     if (served != id) {
       throw InvalidArgument(fmt::format(

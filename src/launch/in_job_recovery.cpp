@@ -8,8 +8,6 @@ namespace {
 // What tandem's programs exit with when they refuse their flags or input (apps/main.cpp).
 constexpr int kRefusedInput = 2;
 
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
-
 }  // namespace
 
 InJobRecovery::InJobRecovery(comm::StorePtr store, int slots, int replacements_allowed)
@@ -69,8 +67,8 @@ std::vector<int> InJobRecovery::joined() {
 void InJobRecovery::publish() {
   ++epoch_;
   store_->set(comm::MembershipKeys::members(epoch_),
-              bytes_of(comm::format_slots(std::vector<int>(members_.begin(), members_.end()))));
-  store_->set(comm::MembershipKeys::newest(), bytes_of(std::to_string(epoch_)));
+              comm::store_bytes(comm::format_slots(std::vector<int>(members_.begin(), members_.end()))));
+  store_->set(comm::MembershipKeys::newest(), comm::store_bytes(std::to_string(epoch_)));
 }
 
 }  // namespace tandem::launch

@@ -6,13 +6,11 @@
 #include <algorithm>
 #include <sstream>
 
+#include "tandem/comm/rendezvous.h"
 #include "tandem/util/error.h"
 
 namespace tandem::launch {
 namespace {
-
-std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 double seconds_of(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
@@ -70,7 +68,7 @@ std::string RoundRendezvous::round_key(int round, const std::string& name) const
 
 bool RoundRendezvous::is_set(const std::string& key) const { return store_->check({key}); }
 
-std::string RoundRendezvous::read(const std::string& key) const { return text_of(store_->get(key)); }
+std::string RoundRendezvous::read(const std::string& key) const { return comm::store_text(store_->get(key)); }
 
 void RoundRendezvous::check_not_done() const {
   if (is_set(kDoneKey)) {
@@ -82,7 +80,7 @@ void RoundRendezvous::check_not_done() const {
 void RoundRendezvous::enter(Clock::time_point now) {
   check_not_done();
   for (const auto& [what, value] : signature_) {
-    const std::string stored = text_of(store_->compareSet("job/" + what, {}, bytes_of(value)));
+    const std::string stored = comm::store_text(store_->compareSet("job/" + what, {}, comm::store_bytes(value)));
     if (stored != value) {
       // Commands can be long: the line shows each around where the two part.
       size_t parting = 0;
@@ -120,7 +118,7 @@ void RoundRendezvous::move_on(Clock::time_point now) {
 void RoundRendezvous::take_slot(int round, Clock::time_point now) {
   round_ = round;
   slot_ = store_->add(round_key(round, "joined"), 1);
-  store_->set(round_key(round, fmt::format("member/{}", slot_)), bytes_of(node_));
+  store_->set(round_key(round, fmt::format("member/{}", slot_)), comm::store_bytes(node_));
   joined_seen_ = slot_;
   joined_since_ = now;
   membership_.reset();
@@ -247,8 +245,8 @@ std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now
     const bool last_call_over = live >= settings_.min_nodes && now - joined_since_ >= settings_.last_call;
     if (full || last_call_over) {
       closed.slots.resize(static_cast<size_t>(std::min<int64_t>(live, settings_.max_nodes)));
-      store_->compareSet(closed_key, {}, bytes_of(encode_closed(closed)));
-      store_->set(kLastClosedKey, bytes_of(std::to_string(round_)));
+      store_->compareSet(closed_key, {}, comm::store_bytes(encode_closed(closed)));
+      store_->set(kLastClosedKey, comm::store_bytes(std::to_string(round_)));
       return poll_round(now);
     }
   }
@@ -272,7 +270,7 @@ std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now
 void RoundRendezvous::withdraw() {
   if (membership_ || slot_ == 0) return;
   // The mark, then the count, then the look at the round: the order the header's argument needs.
-  store_->set(round_key(round_, fmt::format("gone/{}", slot_)), bytes_of("1"));
+  store_->set(round_key(round_, fmt::format("gone/{}", slot_)), comm::store_bytes("1"));
   store_->add(round_key(round_, "given_back"), 1);
   const std::string closed_key = round_key(round_, "closed");
   if (!is_set(closed_key)) return;
@@ -318,7 +316,7 @@ std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
 }
 
 RoundEnd RoundRendezvous::end_round(const RoundEnd& end) {
-  return decode_end(text_of(store_->compareSet(round_key(round_, "ended"), {}, bytes_of(encode_end(end)))));
+  return decode_end(comm::store_text(store_->compareSet(round_key(round_, "ended"), {}, comm::store_bytes(encode_end(end)))));
 }
 
 bool RoundRendezvous::mark_succeeded() {
@@ -329,7 +327,7 @@ bool RoundRendezvous::mark_succeeded() {
 bool RoundRendezvous::all_succeeded() {
   const int nodes = membership_ ? membership_->nodes : 0;
   if (store_->add(round_key(round_, "succeeded"), 0) < nodes) return false;
-  store_->compareSet(kDoneKey, {}, bytes_of("1"));
+  store_->compareSet(kDoneKey, {}, comm::store_bytes("1"));
   return true;
 }
 

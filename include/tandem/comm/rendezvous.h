@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "tandem/comm/rank_layout.h"
 
@@ -26,6 +27,10 @@ StorePtr attempt_keys(const StorePtr& store, int restart_count);
 // within `timeout` when the store's address answers as no store does (or not at all). Past that deadline a
 // request may still wait on a thread of its own, which keeps `store` alive.
 void join(const StorePtr& store, int rank, int world_size, std::chrono::milliseconds timeout);
+
+// A store's values are bytes; the control plane keeps text in them.
+inline std::vector<uint8_t> store_bytes(const std::string& text) { return {text.begin(), text.end()}; }
+inline std::string store_text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 // "1, 3, 5" or "1-3, 7" for messages that name ranks.
 std::string describe_ranks(const std::vector<int>& ranks);
