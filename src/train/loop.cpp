@@ -15,7 +15,6 @@
 
 #include "run.h"
 #include "run_start.h"
-#include "training_loaders.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/data/data_agreement.h"
@@ -55,11 +54,7 @@ TrainResult Run::execute() {
     // A lost worker's replacement: the run dir, the model and where training stands come from a member.
     be_taken_in();
   }
-  TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
-  train_loader_ = std::move(loaders.train);
-  eval_loader_ = std::move(loaders.eval);
-  first_rank_batches_ = std::move(loaders.first_rank);
-  open_records(loaders.batches_per_epoch);
+  open_records(make_loaders());
 
   TrainResult result;
   result.run_dir = options_.run_dir;
@@ -70,8 +65,7 @@ TrainResult Run::execute() {
     set_lr(epoch);
     EpochProgress progress;
     if (epoch == resumed_.epoch && resumed_.batches_done > 0) {
-      progress = {resumed_.batches_done, resumed_.epoch_loss_sum, resumed_.epoch_steps, resumed_.epoch_samples,
-                  resumed_.epoch_train_seconds, resumed_position_, resumed_.batches_done};
+      progress = progress_of(resumed_, resumed_position_);
     }
     progress = train_epoch(epoch, progress);
     result.epochs.push_back(evaluate_epoch(epoch, progress));

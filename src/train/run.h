@@ -40,6 +40,13 @@ struct EpochProgress {
   int64_t steps_in_epoch = 0;  // the epoch's steps in all, those before a resume included (set as it starts)
 };
 
+// Where `state` (a checkpoint's, or the state a member sent under in-job recovery) stands inside its epoch, this
+// run's loader going on at `position` of the epoch's order.
+inline EpochProgress progress_of(const checkpoint::CheckpointState& state, int64_t position) {
+  return {state.batches_done, state.epoch_loss_sum, state.epoch_steps, state.epoch_samples, state.epoch_train_seconds,
+          position, state.batches_done};
+}
+
 class Run {
  public:
   // `strategy` is still to wrap the model: the run does so once its run dir is chosen.
@@ -58,6 +65,8 @@ class Run {
  private:
   // run_setup.cpp: the model wrapped, and the records opened.
   void wrap_model();
+  // The loaders for this rank of this world (again when in-job recovery changed it); returns the epoch's batches.
+  int64_t make_loaders();
   void open_records(int64_t batches_per_epoch);
 
   // loop.cpp: the epoch and the step.

@@ -12,7 +12,6 @@
 #include <limits>
 
 #include "run.h"
-#include "training_loaders.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/util/error.h"
 #include "tandem/util/fault_injection.h"
@@ -79,14 +78,10 @@ void Run::change_membership(int epoch, EpochProgress& progress) {
   progress.first_batch = progress.batches_done;
   form_next_membership([&] {
     if (std::optional<checkpoint::CheckpointState> healed = heal(epoch, progress)) {
-      progress = {healed->batches_done, healed->epoch_loss_sum, healed->epoch_steps, healed->epoch_samples,
-                  healed->epoch_train_seconds, healed->sample_position, healed->batches_done};
+      progress = progress_of(*healed, healed->sample_position);
     }
   });
-  TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
-  train_loader_ = std::move(loaders.train);
-  eval_loader_ = std::move(loaders.eval);
-  first_rank_batches_ = std::move(loaders.first_rank);
+  make_loaders();
   log::main_info("membership epoch {}: slots {} go on as {} rank{} (from {}) at step {}, sample {} of epoch's order; "
                  "changed in {:.3f} s",
                  membership_->epoch(), comm::format_slots(membership_->members()), world_, world_ == 1 ? "" : "s",

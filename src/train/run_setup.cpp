@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "run.h"
+#include "training_loaders.h"
 #include "tandem/comm/rank_agreement.h"
 #include "tandem/ddp/join.h"
 #include "tandem/util/log.h"
@@ -104,6 +105,14 @@ Run::~Run() {
 void Run::wrap_model() {
   module_.to(options_.device);
   strategy_->wrap({options_, model_, optimizer_, communicator_ptr_});
+}
+
+int64_t Run::make_loaders() {
+  TrainingLoaders loaders = make_training_loaders(options_, rank_, world_, train_set_, eval_set_);
+  train_loader_ = std::move(loaders.train);
+  eval_loader_ = std::move(loaders.eval);
+  first_rank_batches_ = std::move(loaders.first_rank);
+  return loaders.batches_per_epoch;
 }
 
 // Rank 0's records, the timeline and the progress bar.
