@@ -119,7 +119,8 @@ std::function<int()> define_run(CLI::App& command) {
           "--recovery", [flags](const std::string& name) { flags->options.recovery = launch::parse_recovery(name); },
           "What a lost worker costs the others. restart: all stop and start again from the newest checkpoint. "
           "in-job: the others keep training without it, and take in a replacement (counted by --max-restarts) "
-          "healed from a peer over the network (one node; tandem train with --strategy ddp; docs/recovery.md)")
+          "healed from a peer over the network; in an elastic job a lost node's place is kept for a node that comes "
+          "(one node or an elastic job; tandem train with --strategy ddp; docs/recovery.md)")
       ->default_str("restart")
       ->check(CLI::IsMember({"restart", "in-job"}));
   command.add_option("--run-id,--rdzv-id,--rdzv_id", o.run_id,

@@ -227,8 +227,10 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
                                                         optim::make_optimizer<torch::optim::SGD>(sgd), communicator))
                    : fit(torch::optim::SGD(nn::trainable_parameters(model), sgd));
 
-  // In-job recovery may have changed the group during the run: the one training ended with saves.
+  // In-job recovery may have changed the group during the run: the one training ended with saves. A replacement
+  // that the run ended without never trained, and saves nothing.
   const comm::CommunicatorPtr last = options.loop.in_job_recovery ? default_group().communicator_ptr() : communicator;
+  if (replacement && !last) return result;
   comm::run_on_all_ranks(last.get(), "to save --save-weights", [&] {
     if ((!last || last->rank() == 0) && !options.save_weights.empty()) {
       checkpoint::save_weights(*model.module.ptr(), options.save_weights,

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -11,9 +13,6 @@
 #include "tandem/util/error.h"
 
 namespace tandem::comm {
-namespace {
-
-}  // namespace
 
 bool in_job_recovery_requested() {
   const char* recovery = std::getenv(kRecoveryVariable);
@@ -59,6 +58,10 @@ Membership::Membership(StorePtr store, int slot, int slots, Connect connect, Com
       communicator_(std::move(first)),
       retired_(new std::vector<CommunicatorPtr>()) {
   for (int s = 0; s < slots; ++s) members_.push_back(s);
+  // A retired communicator's Gloo threads may still write to a lost peer; once that peer's host answers again
+  // (a cut link back up, with the lost process gone) the write meets a reset. It must fail, not end this worker
+  // with SIGPIPE, whose default kills: Python ignores SIGPIPE at start-up, a C++ program must say so itself.
+  ::signal(SIGPIPE, SIG_IGN);
   if (communicator_) communicator_->serve_membership();
   watcher_ = std::thread([this] { watch(); });
 }
@@ -124,7 +127,7 @@ bool Membership::forms(int epoch, size_t members) {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (!store_->check({fate})) {
-    if (published() > epoch) {
+    if (published() > epoch || closed_before_taken_in()) {
       store_->compareSet(fate, {}, given_up);
       break;
     }
@@ -143,7 +146,13 @@ bool Membership::forms(int epoch, size_t members) {
 
 void Membership::announce_ready() { store_->set(MembershipKeys::ready(slot_), store_bytes("1")); }
 
-void Membership::advance() {
+bool Membership::closed_before_taken_in() const {
+  return !joined() && store_->check({MembershipKeys::closed()});
+}
+
+void Membership::close() { store_->set(MembershipKeys::closed(), store_bytes("1")); }
+
+bool Membership::advance() {
   int epoch = epoch_;
   std::vector<int> members;
   std::vector<int>::const_iterator found;
@@ -152,12 +161,20 @@ void Membership::advance() {
     // The launcher writes an epoch's members before it names the epoch newest: waiting for the members of the
     // next epoch is waiting for the launcher's decision. It may publish several at once (a loss during a join):
     // the newest counts.
-    try {
-      store_->wait({MembershipKeys::members(next)}, timeout_);
-    } catch (const std::exception& error) {
-      throw CommError(fmt::format("slot {} waited {:.0f} s for the launcher's membership epoch {}, in vain ({}); was "
-                                  "this worker started by tandem run with in-job recovery?",
-                                  slot_, timeout_.count() / 1000.0, next, first_line(error.what())));
+    // A replacement waits in slices, to see the members close the run meanwhile; a member waits for good.
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (true) {
+      if (closed_before_taken_in()) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      try {
+        store_->wait({MembershipKeys::members(next)}, joined() ? left : std::min(left, kArrivalPoll * 5));
+        break;
+      } catch (const std::exception& error) {
+        if (std::chrono::steady_clock::now() < deadline) continue;
+        throw CommError(fmt::format("slot {} waited {:.0f} s for the launcher's membership epoch {}, in vain ({}); "
+                                    "was this worker started by tandem run with in-job recovery?",
+                                    slot_, timeout_.count() / 1000.0, next, first_line(error.what())));
+      }
     }
     epoch = std::max(next, published());
     members = parse_slots(store_text(store_->get(MembershipKeys::members(epoch))));
@@ -186,6 +203,7 @@ void Membership::advance() {
     communicator_ = std::move(formed);
   }
   if (taken_in) store_->set(MembershipKeys::joined(slot_), store_bytes("1"));
+  return true;
 }
 
 }  // namespace tandem::comm

@@ -15,9 +15,11 @@
 #include <utility>
 
 #include "heartbeat_watch.h"
+#include "in_job_recovery.h"
 #include "job_signature.h"
 #include "output_relay.h"
 #include "supervisor.h"
+#include "tandem/comm/membership.h"
 #include "tandem/comm/rendezvous.h"
 #include "tandem/launch/agent_store.h"
 #include "tandem/launch/round_rendezvous.h"
@@ -45,6 +47,7 @@ constexpr std::chrono::seconds kHostLinger{2};
 ElasticSettings settings_of(const LaunchPlan& plan) {
   ElasticSettings settings = *plan.elastic;
   settings.worker_stop_time = plan.grace_period + kKilledGoneWithin;
+  settings.in_job_recovery = plan.recovery == Recovery::kInJob;
   return settings;
 }
 
@@ -219,24 +222,42 @@ class ElasticAgent {
       }
       return interrupted_while("waiting for a round");
     }
-    report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}", membership.round,
+    report(fmt::format("round {}: node {} of {}, ranks {}..{} of world size {}{}", membership.round,
                        membership.node_rank, membership.nodes, round_plan.global_rank(0),
-                       round_plan.global_rank(plan_.nproc_per_node - 1), round_plan.world_size()));
+                       round_plan.global_rank(plan_.nproc_per_node - 1), round_plan.world_size(),
+                       membership.replacing ? ", in a lost node's place (in-job recovery)" : ""));
+    std::map<std::string, std::string> store_variables{{"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+    if (membership.replacing) store_variables[comm::kReplacementVariable] = "1";
+    // The workers' keys of this round, where in-job recovery's memberships are published.
+    const comm::StorePtr attempt_keys = comm::attempt_keys(client_, membership.round);
+    std::optional<InJobRecovery> recovery;
+    if (plan_.recovery == Recovery::kInJob) {
+      recovery.emplace(attempt_keys, round_plan.world_size(),
+                       InJobRecovery::Place{round_plan.global_rank(0), plan_.nproc_per_node, store_.hosting()},
+                       plan_.max_restarts - membership.failures_before, store_timeout_ + kStoreAnswerMargin);
+    }
     {
       // A node cut off from the store stops its workers once no heartbeat was answered for as long as the others
-      // wait before they take it for lost (heartbeat_watch.h), counted from the round's start.
+      // wait before they take it for lost (heartbeat_watch.h), counted from the round's start. Under in-job
+      // recovery, the agent that finds a node lost reports its slots to the agent deciding the memberships.
       HeartbeatWatch watch(
-          [this](Clock::time_point answer_by) {
+          [this, attempt_keys, nproc = plan_.nproc_per_node](Clock::time_point answer_by) {
             return on_store(
-                [now = Clock::now()](RoundRendezvous& rounds) {
+                [now = Clock::now(), attempt_keys, nproc](RoundRendezvous& rounds) {
                   rounds.beat();
-                  return rounds.watch(now);
+                  std::optional<RoundEnd> end = rounds.watch(now);
+                  for (const auto& [node, why] : rounds.take_vacated()) {
+                    InJobRecovery::report_node_lost(attempt_keys, node * nproc, nproc);
+                    report(why + "; the others go on without its workers (in-job recovery), and keep its place "
+                                 "for a node that comes");
+                  }
+                  return end;
                 },
                 answer_by);
           },
           settings_.keep_alive_interval, settings_.heartbeat_lost_after(), joined_at);
-      const AttemptEnd attempt = supervisor_.run_attempt(
-          round_plan, membership.round, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, watch.fd());
+      const AttemptEnd attempt = supervisor_.run_attempt(round_plan, membership.round, store_variables, watch.fd(),
+                                                         recovery ? &*recovery : nullptr);
       const auto end_round = [&](const RoundEnd& cause) {
         try {
           end = on_store([cause](RoundRendezvous& rounds) { return rounds.end_round(cause); });
@@ -283,10 +304,12 @@ class ElasticAgent {
                                                   : "; stopped this node's workers (no restart allowed)"));
       return leave(membership, code_if_last);
     }
-    report(end.reason + (end.failure ? fmt::format("; restarting the workers of every node in a new round "
-                                                   "(restart {} of {})",
-                                                   failures, plan_.max_restarts)
-                                     : "; forming a new round with it (a node joining is no restart)"));
+    // A node the others went on without (in-job recovery) says why in full; the round goes on without it.
+    report(end.reason + (end.this_node_lost ? ""
+                         : end.failure      ? fmt::format("; restarting the workers of every node in a new round "
+                                                          "(restart {} of {})",
+                                                          failures, plan_.max_restarts)
+                                            : "; forming a new round with it (a node joining is no restart)"));
     try {
       on_store([now = Clock::now()](RoundRendezvous& rounds) { rounds.next_round(now); });
     } catch (const Error&) {

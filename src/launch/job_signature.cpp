@@ -38,6 +38,7 @@ std::map<std::string, std::string> job_signature(const LaunchPlan& plan, const E
                        seconds(settings.keep_alive_interval), settings.keep_alive_max_attempt,
                        seconds(settings.last_call))},
           {"`nproc_per_node`", std::to_string(plan.nproc_per_node)},
+          {"`recovery`", to_string(plan.recovery)},
           {"command", joined_command(plan.command)}};
 }
 

@@ -251,11 +251,13 @@ void plan_restarts(const LaunchOptions& options, LaunchPlan& plan) {
         options.max_restarts, plan.nnodes));
   }
   plan.max_restarts = options.max_restarts;
-  // A replacement is taken in by the launcher that sees its worker go; across nodes the agents would have to
-  // decide each membership together.
-  if (options.recovery == Recovery::kInJob && (plan.nnodes > 1 || plan.elastic)) {
-    throw InvalidArgument("`recovery` in-job runs on one node for now: drop `nnodes` and the elastic flags, or use "
-                          "`recovery` restart across nodes");
+  // Across nodes the memberships are decided by the agent that serves the elastic job's store; a static job has
+  // no such agent, and no agent that learns of another node's loss.
+  if (options.recovery == Recovery::kInJob && plan.nnodes > 1 && !plan.elastic) {
+    throw InvalidArgument(fmt::format(
+        "`recovery` in-job with `nnodes` {} needs an elastic job, whose agents decide the memberships together: add "
+        "`rdzv_backend` c10d and `rdzv_endpoint` HOST:PORT, or use `recovery` restart",
+        plan.nnodes));
   }
   plan.recovery = options.recovery;
   plan.log_dir = options.log_dir;

@@ -49,6 +49,15 @@ ClosedRound decode_closed(const std::string& text) {
   return closed;
 }
 
+// A running round's places under in-job recovery (round_key): who holds a place now ("holder/NODE", absent while
+// the slot it closed with does), whether that holder was found lost ("vacated/NODE/SLOT", set once, to the slot of
+// the agent that found it), and who took it then ("filled/NODE/SLOT"). The counts tell watchers when to read again.
+std::string holder_name(size_t node) { return fmt::format("holder/{}", node); }
+std::string vacated_name(size_t node, int64_t slot) { return fmt::format("vacated/{}/{}", node, slot); }
+std::string filled_name(size_t node, int64_t slot) { return fmt::format("filled/{}/{}", node, slot); }
+const std::string kVacancies = "vacancies";
+const std::string kFills = "fills";
+
 // The jobs' keys, under the agents' prefix.
 const std::string kDoneKey = "done";
 // The newest round known to have closed: where enter() starts looking. Only ever set after that round closed,
@@ -91,7 +100,8 @@ void RoundRendezvous::enter(Clock::time_point now) {
       };
       throw InvalidArgument(fmt::format(
           "this node's {} is {}, but the job's other nodes have {}: every node of an elastic job must give the same "
-          "`nnodes`, `max_restarts`, `grace_period`, `rdzv_conf` timings, `nproc_per_node` and command; give the "
+          "`nnodes`, `max_restarts`, `grace_period`, `rdzv_conf` timings, `nproc_per_node`, `recovery` and command; "
+          "give the "
           "same flags on every node, or a job of its own a `run_id` of its own",
           what, shown(value), shown(stored)));
     }
@@ -127,6 +137,7 @@ void RoundRendezvous::take_slot(int round, Clock::time_point now) {
   waiting_looked_.reset();
   given_back_.clear();
   lost_end_seen_.reset();
+  vacancy_seen_.reset();
 }
 
 std::optional<RoundEnd> RoundRendezvous::ended(int round) const {
@@ -223,9 +234,14 @@ std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now
     }
     membership_ = RoundMembership{round_, static_cast<int>(mine - closed.slots.begin()),
                                   static_cast<int>(closed.slots.size()), closed.failures};
-    member_slots_ = closed.slots;
+    member_slots_ = closed_slots_ = closed.slots;
+    vacant_.assign(closed.slots.size(), false);
+    changes_seen_ = -1;
     heartbeats_.clear();
     return membership_;
+  }
+  if (settings_.in_job_recovery) {
+    if (std::optional<RoundMembership> taken = take_vacancy(now)) return taken;
   }
   const int64_t joined = store_->add(round_key(round_, "joined"), 0);
   if (joined != joined_seen_) {
@@ -253,6 +269,12 @@ std::optional<RoundMembership> RoundRendezvous::poll_round(Clock::time_point now
   if (now - entered_ >= settings_.join_timeout) {
     const size_t came = live_slots(now, joined).size();
     withdraw();
+    if (!previous_ended && settings_.in_job_recovery) {
+      throw TimeoutError(fmt::format(
+          "waited {:.0f} s to join the elastic job, whose running round (in-job recovery) takes a newcomer only in a "
+          "lost node's place, and lost none; start this node when one of them is gone",
+          seconds_of(settings_.join_timeout)));
+    }
     if (!previous_ended) {
       throw TimeoutError(fmt::format(
           "waited {:.0f} s to join the elastic job, which runs on its most nodes ({}) and took no newcomer; "
@@ -289,9 +311,20 @@ void RoundRendezvous::beat() { store_->add(round_key(round_, fmt::format("beat/{
 std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
   if (auto end = ended(round_)) return end;
   const int nodes = membership_ ? membership_->nodes : 0;
+  if (settings_.in_job_recovery && membership_) {
+    read_places();
+    if (vacant_[static_cast<size_t>(membership_->node_rank)]) {
+      RoundEnd end{false,
+                   fmt::format("the other nodes took node {} ({}) for lost (no heartbeat for {:.1f} s) and went on "
+                               "without it; stopped its workers, taking a place in the job again",
+                               membership_->node_rank, node_, seconds_of(settings_.heartbeat_lost_after()))};
+      end.this_node_lost = true;
+      return end;
+    }
+  }
   for (size_t node = 0; node < member_slots_.size(); ++node) {
     const int64_t slot = member_slots_[node];
-    if (slot == slot_) continue;
+    if (slot == slot_ || (settings_.in_job_recovery && vacant_[node])) continue;
     const int64_t count = store_->add(round_key(round_, fmt::format("beat/{}", slot)), 0);
     auto [entry, inserted] = heartbeats_.emplace(slot, std::make_pair(count, now));
     if (!inserted && entry->second.first != count) entry->second = {count, now};
@@ -301,6 +334,16 @@ std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
       // A node that never beat never started its workers' round (its agent died, or hung in a store call, as
       // the round closed): a change of membership. One that beat and stopped was lost while training: a failure.
       const bool trained = count > 0;
+      // Under in-job recovery the others go on without it, unless it held rank 0 (the run's records). Once a
+      // node succeeded the run is over, and the nodes stop beating as they leave: nobody is lost then.
+      if (settings_.in_job_recovery && node > 0) {
+        if (store_->add(round_key(round_, "succeeded"), 0) == 0) {
+          vacate(node, slot,
+                 fmt::format("node {} ({}) was lost: no heartbeat for {:.1f} s", node, member,
+                             seconds_of(settings_.heartbeat_lost_after())));
+        }
+        continue;
+      }
       return end_round({trained,
                         fmt::format("node {} ({}) {}: no heartbeat for {:.1f} s", node, member,
                                     trained ? "was lost" : "never started its round",
@@ -309,8 +352,80 @@ std::optional<RoundEnd> RoundRendezvous::watch(Clock::time_point now) {
     }
   }
   // Once a node's workers all succeeded, the job is ending: a newcomer waits for that instead of restarting it.
-  if (nodes < settings_.max_nodes && waiting() > 0 && store_->add(round_key(round_, "succeeded"), 0) == 0) {
+  // Under in-job recovery a newcomer takes a lost node's place instead (poll_round).
+  if (!settings_.in_job_recovery && nodes < settings_.max_nodes && waiting() > 0 &&
+      store_->add(round_key(round_, "succeeded"), 0) == 0) {
     return end_round({false, fmt::format("a node is waiting to join the {} running", nodes)});
+  }
+  return std::nullopt;
+}
+
+// Who holds each place of the running round, and which are vacant: read again only when a vacancy or a fill
+// was counted since the last look (two reads a watch otherwise).
+void RoundRendezvous::read_places() {
+  const int64_t changes = store_->add(round_key(round_, kVacancies), 0) + store_->add(round_key(round_, kFills), 0);
+  if (changes == changes_seen_) return;
+  changes_seen_ = changes;
+  for (size_t node = 0; node < closed_slots_.size(); ++node) {
+    const std::string holder = round_key(round_, holder_name(node));
+    member_slots_[node] = is_set(holder) ? std::stoll(read(holder)) : closed_slots_[node];
+    vacant_[node] = is_set(round_key(round_, vacated_name(node, member_slots_[node])));
+  }
+}
+
+// Marks `node`'s place vacant, its holder `slot` lost; the agent whose mark stands reports it (take_vacated).
+void RoundRendezvous::vacate(size_t node, int64_t slot, const std::string& why) {
+  const std::vector<uint8_t> mine = comm::store_bytes(std::to_string(slot_));
+  if (store_->compareSet(round_key(round_, vacated_name(node, slot)), {}, mine) == mine) {
+    store_->add(round_key(round_, kVacancies), 1);
+    vacated_.emplace_back(static_cast<int>(node), why);
+  }
+  vacant_[node] = true;
+}
+
+int64_t RoundRendezvous::vacancies_left() const {
+  if (!settings_.in_job_recovery) return 0;
+  return store_->add(round_key(round_, kVacancies), 0) - store_->add(round_key(round_, kFills), 0);
+}
+
+// Waiting to join while the round before runs under in-job recovery: takes a vacant place in it, once the lost
+// node's workers are certainly stopped (ElasticSettings::worker_stop_time after this agent saw the vacancy). This
+// agent's slot in the round it waited in is given back.
+std::optional<RoundMembership> RoundRendezvous::take_vacancy(Clock::time_point now) {
+  if (round_ == 0) return std::nullopt;
+  const int running = round_ - 1;
+  if (!is_set(round_key(running, "closed")) || ended(running)) return std::nullopt;
+  const auto count = [&](const std::string& name) { return store_->add(round_key(running, name), 0); };
+  if (count(kVacancies) == count(kFills)) {
+    vacancy_seen_.reset();
+    return std::nullopt;
+  }
+  if (!vacancy_seen_) vacancy_seen_ = now;
+  if (now - *vacancy_seen_ < settings_.worker_stop_time) return std::nullopt;
+  const ClosedRound closed = decode_closed(read(round_key(running, "closed")));
+  for (size_t node = 0; node < closed.slots.size(); ++node) {
+    const std::string holder_key = round_key(running, holder_name(node));
+    const int64_t holder = is_set(holder_key) ? std::stoll(read(holder_key)) : closed.slots[node];
+    if (!is_set(round_key(running, vacated_name(node, holder)))) continue;
+    // A slot of the running round's own, so that its heartbeat starts afresh in the others' eyes.
+    const int64_t slot = store_->add(round_key(running, "joined"), 1);
+    store_->set(round_key(running, fmt::format("member/{}", slot)), comm::store_bytes(node_));
+    const std::vector<uint8_t> mine = comm::store_bytes(std::to_string(slot));
+    if (store_->compareSet(round_key(running, filled_name(node, holder)), {}, mine) != mine) continue;
+    store_->set(holder_key, mine);
+    store_->add(round_key(running, kFills), 1);
+    store_->set(round_key(round_, fmt::format("gone/{}", slot_)), comm::store_bytes("1"));
+    store_->add(round_key(round_, "given_back"), 1);
+    round_ = running;
+    slot_ = slot;
+    membership_ = RoundMembership{running, static_cast<int>(node), static_cast<int>(closed.slots.size()),
+                                  closed.failures, /*replacing=*/true};
+    member_slots_ = closed_slots_ = closed.slots;
+    vacant_.assign(closed.slots.size(), false);
+    changes_seen_ = -1;
+    heartbeats_.clear();
+    read_places();
+    return membership_;
   }
   return std::nullopt;
 }
@@ -326,7 +441,8 @@ bool RoundRendezvous::mark_succeeded() {
 
 bool RoundRendezvous::all_succeeded() {
   const int nodes = membership_ ? membership_->nodes : 0;
-  if (store_->add(round_key(round_, "succeeded"), 0) < nodes) return false;
+  // A place left vacant has nobody to succeed in it.
+  if (store_->add(round_key(round_, "succeeded"), 0) < nodes - vacancies_left()) return false;
   store_->compareSet(kDoneKey, {}, comm::store_bytes("1"));
   return true;
 }

@@ -29,7 +29,7 @@ constexpr std::chrono::seconds kKillWait{10};
 // While stopping, how often to look whether the workers' process groups are empty: members that are not the
 // launcher's children send it no SIGCHLD.
 constexpr int kStopPollMs = 20;
-// Under in-job recovery, while a replacement starts: how often to look in the store whether it is ready.
+// Under in-job recovery, while a replacement starts or other nodes may report: how often to look in the store.
 constexpr int kReadyPollMs = 20;
 
 }  // namespace
@@ -193,14 +193,15 @@ bool Supervisor::recovers(const Worker& worker) {
   int members_running = 0;
   for (const Worker& other : workers_) members_running += other.running && !other.awaiting ? 1 : 0;
   const InJobRecovery::Loss loss =
-      recovery_->lose(worker.local_rank, worker.exit.signal != 0 ? -1 : worker.exit.exit_code, members_running);
+      recovery_->lose(worker.exit.rank, worker.exit.signal != 0 ? -1 : worker.exit.exit_code, members_running);
   if (!loss.recovered) return false;
   const std::string next =
       loss.replace ? fmt::format("; starting its replacement (restart {} of {})",
-                                 plan_->max_restarts - recovery_->replacements_left(), plan_->max_restarts)
+                                 plan_->max_restarts - recovery_->replacements_allowed() + loss.replacements_used,
+                                 plan_->max_restarts)
                    : "; no restart is left to replace it";
-  report(fmt::format("rank {} {}; the other {} worker(s) go on without it (in-job recovery){}", worker.exit.rank,
-                     worker.exit.describe(), members_running, next));
+  report(fmt::format("rank {} {}; the others go on without it (in-job recovery){}", worker.exit.rank,
+                     worker.exit.describe(), next));
   if (loss.replace) replacements_due_.push_back(worker.local_rank);
   return true;
 }
@@ -223,18 +224,11 @@ void Supervisor::recover_in_job() {
   }
   recovery_->take_in_ready();
   // A replacement counts as a member once it formed the membership with the others, not when it is published:
-  // members that end the run first never take it in.
+  // members that end the run first never take it in, and it ends by itself.
   for (int slot : recovery_->joined()) {
-    for (Worker& worker : workers_) worker.awaiting = worker.awaiting && !(worker.local_rank == slot && worker.running);
+    for (Worker& worker : workers_) worker.awaiting = worker.awaiting && !(worker.exit.rank == slot && worker.running);
     report(fmt::format("rank {}'s replacement is taken in (membership epoch {})", slot, recovery_->epoch()));
   }
-  // Every member is done: a replacement still waiting to be taken in would wait for nobody.
-  bool member_running = false, replacement_waiting = false;
-  for (const Worker& worker : workers_) {
-    member_running = member_running || (worker.running && !worker.awaiting);
-    replacement_waiting = replacement_waiting || (worker.running && worker.awaiting);
-  }
-  if (!member_running && replacement_waiting) begin_stop(SIGTERM);
 }
 
 void Supervisor::supervise(int stop_fd) {
@@ -268,7 +262,7 @@ void Supervisor::supervise(int stop_fd) {
       }
     }
     // A replacement says that it is ready in the store, which has no descriptor to poll.
-    const bool awaiting = recovery_ != nullptr && recovery_->awaiting_replacements();
+    const bool awaiting = recovery_ != nullptr && (recovery_->needs_polling() || !replacements_due_.empty());
     int timeout_ms = phase_ != Phase::kRunning ? kStopPollMs : awaiting ? kReadyPollMs : -1;
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       throw Error(fmt::format("poll failed while supervising the workers: {}", std::strerror(errno)));

@@ -61,8 +61,8 @@ class Supervisor {
   // cannot be written; no worker has started then.
   //
   // `recovery` (or null): under in-job recovery, a failed worker that it recovers stops nobody; its replacement
-  // starts in its place when `recovery` allows one, with the same variables and TANDEM_RECOVERY_REPLACEMENT=1,
-  // and replacements that members no longer wait for are stopped once every member is done.
+  // starts in its place when `recovery` allows one, with the same variables and TANDEM_RECOVERY_REPLACEMENT=1.
+  // A replacement that the members ended the run without ends by itself (comm::Membership::close).
   AttemptEnd run_attempt(const LaunchPlan& plan, int restart_count,
                          const std::map<std::string, std::string>& store_variables, int stop_fd = -1,
                          InJobRecovery* recovery = nullptr);

@@ -50,9 +50,10 @@ TrainResult Run::execute() {
     }
     wrap_model();
     if (!start.checkpoint.empty()) resume_from(start.checkpoint);
-  } else {
-    // A lost worker's replacement: the run dir, the model and where training stands come from a member.
-    be_taken_in();
+  } else if (!be_taken_in()) {
+    // A lost worker's replacement: the run dir, the model and where training stands come from a member, unless
+    // the run ended first.
+    return {};
   }
   open_records(make_loaders());
 
@@ -72,6 +73,8 @@ TrainResult Run::execute() {
     const bool complete = !stop_ || progress.steps >= progress.steps_in_epoch;
     write_checkpoint(complete ? checkpoint_state(epoch + 1, {}) : checkpoint_state(epoch, progress));
   }
+  // No replacement is taken in after the last step: one still starting would wait for nobody.
+  if (membership_) membership_->close();
   if (run_timeline_) run_timeline_->finish(step_);
   strategy_->unwrap();
   if (options_.report) write_report();

@@ -100,8 +100,8 @@ class Run {
 
   // run_recovery.cpp: in-job recovery's change of membership, and a replacement's start.
   void change_membership(int epoch, EpochProgress& progress);
-  void be_taken_in();
-  void form_next_membership(const std::function<void()>& heal);
+  bool be_taken_in();
+  bool form_next_membership(const std::function<void()>& heal);
   std::optional<checkpoint::CheckpointState> heal(int epoch, const EpochProgress& progress);
   void use_communicator(comm::CommunicatorPtr communicator);
 

@@ -90,34 +90,41 @@ void Run::change_membership(int epoch, EpochProgress& progress) {
 }
 
 // A replacement's start, instead of the run dir's and a checkpoint's: it says it is ready, waits to be taken in,
-// and continues as a resumed run would, from the state a member sent it.
-void Run::be_taken_in() {
+// and continues as a resumed run would, from the state a member sent it. False when the members ended the run
+// first: nothing is left to train.
+bool Run::be_taken_in() {
   module_.to(options_.device);
   membership_->announce_ready();
-  form_next_membership([&] {
+  const bool taken_in = form_next_membership([&] {
     std::optional<checkpoint::CheckpointState> healed = heal(0, {});
     if (!healed) throw InternalError("a replacement was taken in without the members' state");
     resumed_ = *healed;
     resumed_position_ = healed->sample_position;
   });
+  if (!taken_in) {
+    log::info("slot {}: the members ended the run before this replacement was taken in; nothing is left to train",
+              membership_->slot());
+    return false;
+  }
   joined_in_epoch_ = true;
   log::info("taken in as rank {} of {} (slot {}) at step {}", rank_, world_, membership_->slot(), step_);
+  return true;
 }
 
 // The next membership's communicator, `heal` (every member at the newest step), then the model wrapped over the
 // communicator (DDP's wrapper checks that every rank holds the same model, and broadcasts rank 0's) and the
 // learning rate scaled to the new global batch. A member lost meanwhile (the one sending the state, say) fails a
 // collective of this membership too: the members go on to the launcher's next one, and heal again there.
-void Run::form_next_membership(const std::function<void()>& heal) {
+bool Run::form_next_membership(const std::function<void()>& heal) {
   while (true) {
     // Its own failures (no launcher's decision in time, this worker counted lost) end the run.
-    membership_->advance();
+    if (!membership_->advance()) return false;
     use_communicator(membership_->communicator());
     try {
       heal();
       strategy_->wrap({options_, model_, optimizer_, communicator_ptr_});
       scale_base_lrs();
-      return;
+      return true;
     } catch (const CommError& error) {
       log::warn("a collective failed while the membership changed ({}); going on with the ranks that are left",
                 first_line(error.what()));

@@ -132,16 +132,7 @@ class ElasticJob {
   void let_workers_finish() { std::ofstream(dir_ / "finish") << "done\n"; }
 
   // Ends every agent still running; returns what each printed, for a failure's message.
-  std::string stop_all() {
-    std::string outputs;
-    for (auto& [host, agent] : agents_) {
-      if (!agent) continue;
-      ::kill(-agent->pid(), SIGKILL);
-      outputs += "host " + std::to_string(host) + ":\n" + agent->finish(kExitDeadline).output;
-      agent.reset();
-    }
-    return outputs;
-  }
+  std::string stop_all() { return testing::kill_all_and_collect(agents_, kExitDeadline); }
 
   // Waits until every one of `world` workers has started in a round after `after`; returns that round.
   int wait_for_round(int world, int after, const std::string& what) {

@@ -3,6 +3,7 @@
 // shared run dir; the host comes back and the job goes on at world size 3, and finishes with the accuracy of an
 // uninterrupted run, within noise. Every host runs in the same working directory, so runs/<rdzv-id> is the storage every node sees.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 
 #include <chrono>
@@ -39,20 +40,38 @@ class TrainingJob {
   TrainingJob(const NetworkNamespaces& hosts, const std::string& data, const std::string& id)
       : hosts_(hosts), data_(data), id_(id) {}
 
-  void start(int host) {
+  // `launch_flags` and `train_flags` go after tandem run's and tandem train's own. Each worker process appends
+  // its pid and host to pids.<RANK> in the shared folder first, so that a test sees which ranks were started
+  // again, and where.
+  void start(int host, const std::string& launch_flags = "", const std::string& train_flags = "--epochs 8") {
     const std::string logs = dir_ / ("logs" + std::to_string(host));
     // The working directory is the shared storage: every host's runs/<id> is the same folder.
     std::string command = "cd '" + dir_.path() + "' && exec '" + testing::tandem_cli() +
                           "' run --nnodes 2:3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint " +
                           hosts_.address(0) + ":29400 --rdzv-id " + id_ +
                           " --rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=1,"
-                          "join_timeout=30 --max-restarts 3 --grace-period 2 --log-dir '" + logs + "' -- '" +
+                          "join_timeout=30 --max-restarts 3 --grace-period 2 --log-dir '" + logs + "' " +
+                          launch_flags + " -- sh -c 'echo $$ $TEST_HOST >> pids.$RANK && exec \"$0\" \"$@\"' '" +
                           testing::tandem_cli() + "' train --data '" + data_ +
-                          "' --epochs 8 --batch-size 16 --threads 1 --seed 5 --checkpoint-every 4 --timeout " +
-                          std::to_string(kTrainTimeoutSeconds);
-    agents_[host] = std::make_unique<BackgroundProcess>(hosts_.on_host(host, {"sh", "-c", command}));
+                          "' --batch-size 16 --threads 1 --seed 5 --checkpoint-every 4 --timeout " +
+                          std::to_string(kTrainTimeoutSeconds) + " " + train_flags;
+    agents_[host] = std::make_unique<BackgroundProcess>(
+        hosts_.on_host(host, {"sh", "-c", command}), std::map<std::string, std::string>{{"TEST_HOST", std::to_string(host)}});
   }
+  // The host whose worker started first as rank `rank` ("PID HOST" in pids.<RANK>), or -1.
+  int host_of(int rank) const {
+    const std::vector<std::string> lines = testing::read_lines(dir_ / ("pids." + std::to_string(rank)));
+    if (lines.empty()) return -1;
+    return std::stoi(lines.front().substr(lines.front().find(' ') + 1));
+  }
+  // How many worker processes rank `rank` had, across rounds and replacements.
+  size_t processes_of(int rank) const {
+    return testing::read_lines(dir_ / ("pids." + std::to_string(rank))).size();
+  }
+  std::string run_dir() const { return dir_ / ("runs/" + id_); }
   void kill(int host) { ::kill(-agents_[host]->pid(), SIGKILL); }
+  // Ends every agent still running; returns what each printed, for a failure's message.
+  std::string stop_all() { return testing::kill_all_and_collect(agents_, kTrainingJobDeadline); }
   ProcessResult finish(int host) {
     ProcessResult result = agents_[host]->finish(kTrainingJobDeadline);
     agents_[host].reset();
@@ -210,6 +229,67 @@ TEST(ElasticTraining, AKilledHostLeavesTwoToContinueFromTheCheckpointAndItsRetur
   const double accuracy = newest_accuracy(job.logs());
   std::cout << "final accuracy " << accuracy << ", uninterrupted " << reference_accuracy << "\n";
   EXPECT_NEAR(accuracy, reference_accuracy, 0.1) << job.logs();
+}
+
+// Under --recovery in-job the cut-off host's place is kept: the other two train on in their processes, at world
+// size 2 and without a checkpoint read, and the host, once its link is back, takes its place again in the same
+// round, its worker healed live from the others.
+TEST(ElasticTraining, UnderInJobRecoveryAHostCutOffLeavesTheOthersTrainingAndIsHealedLiveOnItsReturn) {
+  NetworkNamespaces hosts(3);
+  if (!hosts.usable()) GTEST_SKIP() << hosts.unusable_reason();
+  // 1,920 images in batches of 16 on three ranks: 40 steps an epoch; ten epochs leave the cut host time to return
+  // (its agent waits for the job's store, then --grace-period and a margin before it takes the place).
+  const std::string data = testing::write_tiny_mnist("elastic_in_job_data", 1920, 96);
+  TrainingJob job(hosts, data, "in-job");
+  for (int host = 0; host < 3; ++host) {
+    job.start(host, "--recovery in-job", "--epochs 10 --check-replicas-every 1 --no-tensorboard");
+  }
+  ASSERT_TRUE(job.wait_for(std::regex("\\[epoch 0\\] batch 1[0-9]/"), std::chrono::seconds(90)))
+      << "no step under way:\n" << job.logs();
+  // Rank 0's host holds the run's records, and its loss restarts the job: cut the host of rank 2.
+  const int cut_host = job.host_of(2);
+  ASSERT_GT(cut_host, 0) << "the agents came in an order that put rank 2 on host " << cut_host;
+  std::string error;
+  ASSERT_TRUE(hosts.take_link_down(cut_host, error)) << error;
+  const auto cut = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.wait_for(std::regex("membership epoch \\d+: slots 0,1 go on as 2 ranks"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the two left did not go on in the job:\n" << job.logs() << job.stop_all();
+  std::cout << "two hosts went on " << std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count()
+            << " s after the third's link was cut\n";
+  ASSERT_TRUE(hosts.bring_link_up(cut_host, error)) << error;
+  const auto back = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.wait_for(std::regex("membership epoch \\d+: slots 0,1,2 go on as 3 ranks"),
+                           std::chrono::duration_cast<std::chrono::seconds>(kTrainingChangeDeadline)))
+      << "the host cut off was not taken in again:\n" << job.logs() << job.stop_all();
+  std::cout << "three ranks again " << std::chrono::duration<double>(std::chrono::steady_clock::now() - back).count()
+            << " s after the link was back\n";
+
+  std::vector<ProcessResult> results;
+  for (int host = 0; host < 3; ++host) results.push_back(job.finish(host));
+  for (int host = 0; host < 3; ++host) {
+    EXPECT_FALSE(results[host].timed_out) << "host " << host << ":\n" << results[host].output;
+    // --check-replicas-every 1 compares the replicas at every step: a divergence ends the run non-zero.
+    EXPECT_EQ(results[host].exit_code, 0) << "host " << host << ":\n" << results[host].output;
+  }
+  EXPECT_NE(results[cut_host].output.find("in a lost node's place (in-job recovery)"), std::string::npos)
+      << results[cut_host].output;
+  EXPECT_EQ(results[0].output.find("restarting the workers"), std::string::npos) << results[0].output;
+  EXPECT_EQ(job.logs().find("resuming from"), std::string::npos) << "no checkpoint may be read:\n" << job.logs();
+  EXPECT_EQ(job.processes_of(0), 1u) << "the survivors keep their processes";
+  EXPECT_EQ(job.processes_of(1), 1u);
+  EXPECT_EQ(job.processes_of(2), 2u) << "the cut host's worker, and the one it started on its return";
+
+  std::vector<int> worlds;
+  int64_t step = 0;
+  for (const std::string& line : testing::read_lines(job.run_dir() + "/steps.jsonl")) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    EXPECT_EQ(record["step"].get<int64_t>(), ++step) << "each step once, none trained again";
+    const int world = record["world_size"].get<int>();
+    if (worlds.empty() || worlds.back() != world) worlds.push_back(world);
+  }
+  EXPECT_EQ(worlds, (std::vector<int>{3, 2, 3})) << results[0].output << results[1].output << results[2].output
+                                                 << job.logs();
 }
 
 }  // namespace

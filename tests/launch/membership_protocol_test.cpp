@@ -78,10 +78,10 @@ TEST(MembershipProtocol, ALostSlotLeavesTheOthersOnANewGroupAndItsReplacementJoi
   replacement.announce_ready();
   EXPECT_EQ(launcher.take_in_ready(), std::vector<int>{1});
   EXPECT_TRUE(launcher.joined().empty()) << "published, but not formed with the others yet";
-  EXPECT_TRUE(launcher.awaiting_replacements());
+  EXPECT_TRUE(launcher.needs_polling());
   EXPECT_EQ(advance_and_count({workers[0].get(), &replacement, workers[2].get()}), (std::vector<float>{3, 3, 3}));
   EXPECT_EQ(launcher.joined(), std::vector<int>{1});
-  EXPECT_FALSE(launcher.awaiting_replacements());
+  EXPECT_FALSE(launcher.needs_polling());
   EXPECT_EQ(replacement.epoch(), 2);
   EXPECT_EQ(replacement.communicator()->rank(), 1);
 }
@@ -129,7 +129,70 @@ TEST(MembershipProtocol, WhatCannotBeRecoveredInTheJobIsLeftToTheLauncherAsBefor
   EXPECT_TRUE(again.recovered);
   EXPECT_FALSE(again.replace);
   EXPECT_EQ(launcher.epoch(), 1);
-  EXPECT_FALSE(launcher.awaiting_replacements());
+  EXPECT_FALSE(launcher.needs_polling());
+}
+
+// The members close the run after their last step: a replacement not taken in by then ends by itself, whether it
+// still waits for its epoch or was published in one that nobody else will form.
+TEST(MembershipProtocol, AReplacementThatTheMembersEndedTheRunWithoutEndsByItself) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto workers = first_members(store, 2);
+  InJobRecovery launcher(store, 2, /*replacements_allowed=*/2);
+  ASSERT_TRUE(launcher.lose(1, -1, 1).replace);
+  workers[0]->advance();
+  Membership waiting(store, 1, 2, gloo_connect(), nullptr, kTimeout);
+  auto advanced = std::async(std::launch::async, [&] { return waiting.advance(); });
+  EXPECT_EQ(advanced.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout) << "no epoch yet";
+  workers[0]->close();
+  EXPECT_FALSE(advanced.get());
+  EXPECT_FALSE(waiting.joined());
+
+  // Published in an epoch with slot 0, which closed the run instead of forming it.
+  auto others = first_members(c10::make_intrusive<c10d::PrefixStore>("second/", store), 2);
+  InJobRecovery second(c10::make_intrusive<c10d::PrefixStore>("second/", store), 2, 2);
+  second.lose(1, -1, 1);
+  others[0]->advance();
+  Membership published(c10::make_intrusive<c10d::PrefixStore>("second/", store), 1, 2, gloo_connect(), nullptr,
+                       kTimeout);
+  published.announce_ready();
+  ASSERT_EQ(second.take_in_ready(), std::vector<int>{1});
+  others[0]->close();
+  EXPECT_FALSE(published.advance());
+}
+
+// Across nodes (an elastic job): the deciding launcher publishes what the others report, a node's loss included,
+// and every node's replacements count against the job's --max-restarts.
+TEST(MembershipProtocol, AcrossNodesTheDecidingLauncherPublishesWhatTheOthersReport) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  // Three nodes of two workers: slots 0-1 decide, 2-3 and 4-5 report.
+  InJobRecovery decides(store, 6, {0, 2, true}, /*replacements_allowed=*/1);
+  InJobRecovery second(store, 6, {2, 2, false}, 1);
+  InJobRecovery third(store, 6, {4, 2, false}, 1);
+  EXPECT_TRUE(decides.needs_polling()) << "the other nodes may report at any time";
+  EXPECT_FALSE(second.needs_polling()) << "a reporting node polls nothing";
+
+  const InJobRecovery::Loss lost = second.lose(3, -1, 1);
+  EXPECT_TRUE(lost.recovered);
+  EXPECT_TRUE(lost.replace);
+  EXPECT_EQ(lost.replacements_used, 1);
+  EXPECT_EQ(decides.epoch(), 0) << "not read yet";
+  EXPECT_TRUE(decides.take_in_ready().empty());
+  EXPECT_EQ(decides.epoch(), 1);
+  EXPECT_EQ(comm::store_text(store->get(comm::MembershipKeys::members(1))), "0,1,2,4,5");
+
+  const InJobRecovery::Loss no_restart_left = third.lose(4, -1, 1);
+  EXPECT_TRUE(no_restart_left.recovered);
+  EXPECT_FALSE(no_restart_left.replace) << "the job's one restart went to slot 3";
+  EXPECT_FALSE(third.lose(0, -1, 1).recovered) << "slot 0 is never recovered in the job";
+
+  // Node 1 (slots 2 and 3) is lost as a whole; slot 3's replacement never came. Its slots await a node.
+  InJobRecovery::report_node_lost(store, 2, 2);
+  decides.take_in_ready();
+  EXPECT_EQ(comm::store_text(store->get(comm::MembershipKeys::members(decides.epoch()))), "0,1,5");
+  store->set(comm::MembershipKeys::ready(2), {'1'});
+  store->set(comm::MembershipKeys::ready(3), {'1'});
+  EXPECT_EQ(decides.take_in_ready(), (std::vector<int>{2, 3})) << "a node that comes takes its place";
+  EXPECT_EQ(comm::store_text(store->get(comm::MembershipKeys::members(decides.epoch()))), "0,1,2,3,5");
 }
 
 TEST(MembershipProtocol, AWorkerLeftOutOfTheNewEpochSaysItWasCountedLost) {
@@ -200,8 +263,8 @@ TEST(MembershipProtocol, EachMemberSpendsAFewStoreRequestsPerChangeWhateverTheWo
     EXPECT_EQ(member.communicator()->rank(), slot);
   }
   // Two epochs (the loss, the join): the members' list and the epoch's number each; the readiness checked and
-  // taken back.
-  EXPECT_LE(launcher_store->traffic().writes, 2 * 2 + 2);
+  // taken back; the replacement counted against --max-restarts.
+  EXPECT_LE(launcher_store->traffic().writes, 2 * 2 + 3);
 }
 
 }  // namespace

@@ -294,5 +294,121 @@ TEST(RoundRendezvous, AJobIsDoneWhenEveryNodeSucceededAndRefusesANewcomer) {
   EXPECT_THROW(job.add().enter(t0), InvalidArgument);
 }
 
+// Under in-job recovery: three agents in a running round, heartbeats every second, a node lost after 3 s, its
+// workers certainly stopped 2 s after. Agent 2 beats once and stops at t0.
+struct InJobRound {
+  InJobRound() : job(in_job_settings()) {
+    for (int i = 0; i < 3; ++i) job.add().enter(t0);
+    job.poll(t0);
+    for (int i = 0; i < 3; ++i) job.agents[i]->beat();
+    for (int i = 0; i < 2; ++i) EXPECT_FALSE(job.agents[i]->watch(t0));
+  }
+  static ElasticSettings in_job_settings() {
+    ElasticSettings result = settings(2, 3);
+    result.in_job_recovery = true;
+    result.worker_stop_time = 2s;
+    return result;
+  }
+  // Agents 0 and 1 beat and watch at `at`; nothing may end the round.
+  void watch_on(Clock::time_point at) {
+    for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+    for (int i = 0; i < 2; ++i) {
+      const auto end = job.agents[i]->watch(at);
+      EXPECT_FALSE(end) << "agent " << i << ": " << end->reason;
+    }
+  }
+  const Clock::time_point t0 = Clock::now();
+  Agents job;
+};
+
+TEST(RoundRendezvous, UnderInJobRecoveryALostNodeLeavesAPlaceThatANewcomerTakesWhileTheRoundRuns) {
+  InJobRound round;
+  round.watch_on(round.t0 + 3s);
+  // One agent found it first and tells it; the other knows the place vacant and says nothing.
+  auto vacated = round.job.agents[0]->take_vacated();
+  const auto others = round.job.agents[1]->take_vacated();
+  ASSERT_EQ(vacated.size() + others.size(), 1u);
+  if (vacated.empty()) vacated = others;
+  EXPECT_EQ(vacated[0].first, 2);
+  EXPECT_NE(vacated[0].second.find("node 2 (agent 2) was lost: no heartbeat for 3.0 s"), std::string::npos)
+      << vacated[0].second;
+
+  RoundRendezvous& newcomer = round.job.add();
+  newcomer.enter(round.t0 + 3s);
+  EXPECT_FALSE(newcomer.poll_round(round.t0 + 3s)) << "the lost node's workers may still run";
+  EXPECT_FALSE(newcomer.poll_round(round.t0 + 4900ms));
+  const auto taken = newcomer.poll_round(round.t0 + 5s);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->round, 0) << "the running round";
+  EXPECT_EQ(taken->node_rank, 2);
+  EXPECT_EQ(taken->nodes, 3);
+  EXPECT_TRUE(taken->replacing);
+  EXPECT_EQ(round.job.agents[0]->waiting(), 0) << "its slot in the next round was given back";
+  // The others watch the newcomer's heartbeat from now on, and the job is done once the three places succeeded.
+  for (auto at : {round.t0 + 6s, round.t0 + 7s}) {
+    newcomer.beat();
+    round.watch_on(at);
+  }
+  EXPECT_TRUE(round.job.agents[0]->take_vacated().empty());
+  EXPECT_FALSE(round.job.agents[0]->mark_succeeded());
+  EXPECT_FALSE(round.job.agents[1]->mark_succeeded());
+  EXPECT_TRUE(newcomer.mark_succeeded());
+}
+
+TEST(RoundRendezvous, UnderInJobRecoveryTheJobIsDoneWhenEveryPlaceStillHeldSucceeded) {
+  InJobRound round;
+  round.watch_on(round.t0 + 3s);
+  EXPECT_FALSE(round.job.agents[0]->mark_succeeded());
+  EXPECT_TRUE(round.job.agents[1]->mark_succeeded()) << "nobody holds the lost node's place";
+}
+
+TEST(RoundRendezvous, UnderInJobRecoveryANodeTheOthersTookForLostStopsAndTakesItsPlaceAgain) {
+  InJobRound round;
+  round.watch_on(round.t0 + 3s);
+  RoundRendezvous& slow = *round.job.agents[2];
+  slow.beat();
+  const auto end = slow.watch(round.t0 + 3s);
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->this_node_lost);
+  EXPECT_FALSE(end->failure);
+  EXPECT_NE(end->reason.find("the other nodes took node 2 (agent 2) for lost"), std::string::npos) << end->reason;
+  round.watch_on(round.t0 + 3500ms);
+  slow.next_round(round.t0 + 4s);
+  EXPECT_FALSE(slow.poll_round(round.t0 + 4s)) << "its workers are stopped within worker_stop_time of its sight";
+  const auto taken = slow.poll_round(round.t0 + 6s);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->round, 0);
+  EXPECT_EQ(taken->node_rank, 2);
+  EXPECT_TRUE(taken->replacing);
+}
+
+TEST(RoundRendezvous, UnderInJobRecoveryLosingRankZerosNodeStillEndsTheRound) {
+  ElasticSettings job_settings = InJobRound::in_job_settings();
+  Agents job(job_settings);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) job.add().enter(t0);
+  job.poll(t0);
+  job.agents[0]->beat();
+  for (int i = 1; i < 3; ++i) job.agents[i]->beat();
+  ASSERT_FALSE(job.agents[1]->watch(t0));
+  for (int i = 1; i < 3; ++i) job.agents[i]->beat();
+  const auto end = job.agents[1]->watch(t0 + 3s);
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->failure);
+  EXPECT_NE(end->reason.find("node 0 (agent 0) was lost"), std::string::npos) << end->reason;
+}
+
+TEST(RoundRendezvous, UnderInJobRecoveryARunningRoundDoesNotGrow) {
+  Agents job(InJobRound::in_job_settings());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 2; ++i) job.add().enter(t0);
+  ASSERT_TRUE(job.poll(t0 + 2s)[1]);
+  RoundRendezvous& late = job.add();
+  late.enter(t0 + 3s);
+  EXPECT_FALSE(late.poll_round(t0 + 3s));
+  for (int i = 0; i < 2; ++i) job.agents[i]->beat();
+  EXPECT_FALSE(job.agents[0]->watch(t0 + 3s)) << "a newcomer takes a lost node's place, or waits";
+}
+
 }  // namespace
 }  // namespace tandem::launch

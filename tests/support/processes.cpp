@@ -213,4 +213,16 @@ int free_port() {
 
 std::string tandem_cli() { return TANDEM_CLI_PATH; }
 
+std::string kill_all_and_collect(std::map<int, std::unique_ptr<BackgroundProcess>>& hosts,
+                                 std::chrono::milliseconds deadline) {
+  std::string outputs;
+  for (auto& [host, process] : hosts) {
+    if (!process) continue;
+    ::kill(-process->pid(), SIGKILL);
+    outputs += "host " + std::to_string(host) + ":\n" + process->finish(deadline).output;
+    process.reset();
+  }
+  return outputs;
+}
+
 }  // namespace tandem::testing

@@ -3,6 +3,7 @@
 // worker) with a deadline, so that a hang fails the test instead of stalling CI.
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ class BackgroundProcess {
   int output_fd_ = -1;
   bool finished_ = false;
 };
+
+// Kills every process of `hosts` still running (a test's agents, one per host) and returns what each printed,
+// "host N:" before each, for a failure's message.
+std::string kill_all_and_collect(std::map<int, std::unique_ptr<BackgroundProcess>>& hosts,
+                                 std::chrono::milliseconds deadline);
 
 // Starts world_size copies of this test binary, each running only the test named `worker_test`
 // ("Suite.Name") with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT and

@@ -52,6 +52,8 @@ struct MembershipKeys {
   static std::string fate(int epoch) { return "recovery/fate/" + std::to_string(epoch); }
   // The prefix of epoch `epoch`'s communicator's keys.
   static std::string group(int epoch) { return "recovery/group/" + std::to_string(epoch) + "/"; }
+  // Set by the members once training is over: a replacement not taken in by then is too late, and ends well.
+  static std::string closed() { return "recovery/closed"; }
 };
 
 std::string format_slots(const std::vector<int>& slots);
@@ -94,9 +96,13 @@ class Membership {
   // A replacement says that it can be taken in.
   void announce_ready();
   // Waits for an epoch newer than the current one and forms its communicator; the current one is retired.
-  // Throws Error when this slot is not a member of it (the launcher counted this worker lost), or when none is
+  // Returns false, for a replacement, when the members closed the run before it was taken in (close()). Throws
+  // Error when this slot is not a member of it (the launcher counted this worker lost), or when none is
   // published within the timeout.
-  void advance();
+  bool advance();
+  // Training is over: no replacement is taken in after this. Every member says so, so that the launcher's other
+  // nodes need not learn it from this one's.
+  void close();
 
  private:
   StorePtr store_;
@@ -111,6 +117,7 @@ class Membership {
 
   void watch();
   bool forms(int epoch, size_t members);
+  bool closed_before_taken_in() const;
   // While the members of an epoch arrive: how long to wait for its fate before looking for a newer epoch.
   static constexpr std::chrono::milliseconds kArrivalPoll{20};
   // Guards epoch_, members_ and communicator_ against the watcher, which reads them.

@@ -31,6 +31,9 @@ struct ElasticSettings {
   // node's loss waits this long after the loss before it closes: the lost node's agent starts stopping its
   // workers by the time the others find it lost (docs/launcher.md, "A cut link"), so they are gone by then.
   std::chrono::milliseconds worker_stop_time{0};
+  // Under --recovery in-job (set by the agent from the plan): a lost node other than rank 0's leaves a vacancy in
+  // the running round, which a node that comes takes, instead of ending the round (round_rendezvous.h).
+  bool in_job_recovery = false;
 
   std::chrono::milliseconds heartbeat_lost_after() const { return keep_alive_interval * keep_alive_max_attempt; }
 };

@@ -62,7 +62,7 @@ struct LaunchOptions {
   int max_restarts = 0;
   // What a lost worker costs the others (docs/recovery.md): kRestart stops them all and starts the group again
   // from the newest checkpoint; kInJob keeps them training and starts a replacement that they take in, each
-  // replacement counting against max_restarts. kInJob runs on one node.
+  // replacement counting against max_restarts. kInJob runs on one node or in an elastic job.
   Recovery recovery = Recovery::kRestart;
   // The job's id, the same for every attempt (torchrun's --rdzv-id, TORCHELASTIC_RUN_ID): tandem train keeps a
   // run without --run-dir in runs/<run_id>, so a restarted attempt continues it. Empty: a new one, the time and

@@ -17,6 +17,13 @@
 //   end_round(...)               a worker failed, or all succeeded elsewhere: the first to end a round names why
 //   next_round()                 take a slot in the round after
 //
+// Under in-job recovery (ElasticSettings::in_job_recovery) a running round outlives a lost node: watch() marks the
+// node's place vacant instead of ending the round (unless it held rank 0), and take_vacated() tells the one agent
+// that marked it, which reports the node's slots lost (in_job_recovery.h). An agent waiting to join takes a
+// vacant place in the running round (poll_round returns it with `replacing`) and its workers start as
+// replacements; the round does not grow otherwise. An agent that finds its own place vacated (the others took it
+// for lost) ends its part of the round (RoundEnd::this_node_lost) and takes a place again as a newcomer.
+//
 // Every write that decides something (a slot, a round's members, its end, the job's signature) is one atomic add
 // or compare_set, so two agents can never believe different things. A slot given back as its round closes is
 // caught on one side or the other: withdraw() marks the slot before it reads whether the round closed, and the
@@ -35,6 +42,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/launch/elastic_options.h"
@@ -47,6 +55,7 @@ struct RoundMembership {
   int node_rank = 0;        // the order of its slot among the round's nodes
   int nodes = 0;            // how many nodes the round closed with
   int failures_before = 0;  // rounds ended by a failure before this one (counted against --max-restarts)
+  bool replacing = false;   // it takes a lost node's place in a running round (in-job recovery)
 };
 
 // Why a round ended. A failure (a worker failed, a node was lost) counts against --max-restarts; a change of
@@ -57,6 +66,9 @@ struct RoundEnd {
   // Ended by a node whose heartbeat stood still: its workers may still run until its agent, cut off, gives up on
   // the store, so the round after closes only settings.worker_stop_time after this end was seen.
   bool lost_node = false;
+  // In-job recovery, seen by this agent alone: the others found this node lost and went on without it. It stops
+  // its workers and takes a place again as a newcomer; the round goes on.
+  bool this_node_lost = false;
 };
 
 class RoundRendezvous {
@@ -98,6 +110,9 @@ class RoundRendezvous {
   std::optional<RoundEnd> watch(Clock::time_point now);
   // Ends the running round for `end` unless it ended already; returns the end that stands.
   RoundEnd end_round(const RoundEnd& end);
+  // In-job recovery: the places this agent found vacated since the last call, and why ("node 2 (10.0.0.3, pid 9)
+  // was lost: no heartbeat for 3.0 s"); every vacated place is told to one agent only.
+  std::vector<std::pair<int, std::string>> take_vacated() { return std::exchange(vacated_, {}); }
 
   // The running round's workers on this node all exited 0; true once every node's did, and then the job is
   // done: marked in the store, so that every agent and a late one learn it.
@@ -120,6 +135,10 @@ class RoundRendezvous {
   void beat_while_waiting(Clock::time_point now, int64_t joined);
   std::vector<int64_t> live_slots(Clock::time_point now, int64_t joined);
   bool stood_still(int64_t slot, Clock::time_point now) const;
+  std::optional<RoundMembership> take_vacancy(Clock::time_point now);
+  void read_places();
+  void vacate(size_t node, int64_t slot, const std::string& why);
+  int64_t vacancies_left() const;
   std::optional<RoundEnd> ended(int round) const;
   int failures_before(int round) const;
   void check_not_done() const;
@@ -138,6 +157,14 @@ class RoundRendezvous {
   Clock::time_point joined_since_;
   std::optional<RoundMembership> membership_;
   std::vector<int64_t> member_slots_;  // the running round's members' slots, in node-rank order
+  // In-job recovery: the slots the running round closed with, which places this agent knows vacant, how many
+  // vacancies and fills it saw last (member_slots_ and vacant_ are read again when these move), the places it
+  // vacated for take_vacated(), and since when, while waiting, it has seen a vacancy to take.
+  std::vector<int64_t> closed_slots_;
+  std::vector<bool> vacant_;
+  int64_t changes_seen_ = -1;
+  std::vector<std::pair<int, std::string>> vacated_;
+  std::optional<Clock::time_point> vacancy_seen_;
   // Heartbeats of the running round's nodes, or of the slots waiting beside this one's (by slot): the count last
   // seen and since when it stood still.
   std::map<int64_t, std::pair<int64_t, Clock::time_point>> heartbeats_;
