@@ -131,6 +131,13 @@ RecoveryRun run_once(const RecoveryBenchOptions& options, int ranks, const std::
   for (const auto& [step, record] : by_step) {
     if (step <= run.last_step_before_kill && record.at("time").get<double>() > kill_time) ++run.steps_trained_again;
   }
+  // The steps before the kill that this attempt trained, five at most, the first one's start left out.
+  const int64_t from = std::max<int64_t>(2, run.last_step_before_kill - 4);
+  if (run.last_step_before_kill >= from && by_step.count(from - 1) != 0) {
+    run.seconds_per_step = (by_step.at(run.last_step_before_kill).at("time").get<double>() -
+                            by_step.at(from - 1).at("time").get<double>()) /
+                           static_cast<double>(run.last_step_before_kill - from + 1);
+  }
   // Full size again: the first step after the kill on every rank.
   run.seconds_to_full_size = -1;
   for (const auto& [step, record] : by_step) {
@@ -202,20 +209,24 @@ void print_recovery_table(const std::vector<RecoveryRun>& runs, const RecoveryBe
              "medians of {} round(s)\n",
              options.kill_after, options.steps, options.model, options.batch_size, options.checkpoint_every,
              options.rounds);
-  fmt::print("| ranks | recovery | kill to first new step (s) | steps trained again | kill to full size (s) |\n");
-  fmt::print("| --- | --- | --- | --- | --- |\n");
+  fmt::print("| ranks | recovery | kill to first new step (s) | steps trained again | kill to full size (s) | a step "
+             "before the kill (s) |\n");
+  fmt::print("| --- | --- | --- | --- | --- | --- |\n");
   for (int ranks : options.ranks) {
     for (const std::string& recovery : recoveries_of(options)) {
-      std::vector<double> first, again, full;
+      std::vector<double> first, again, full, step;
       for (const RecoveryRun& run : runs) {
         if (run.ranks != ranks || run.recovery != recovery) continue;
         first.push_back(run.seconds_to_first_new_step);
         again.push_back(static_cast<double>(run.steps_trained_again));
         full.push_back(run.seconds_to_full_size);
+        step.push_back(run.seconds_per_step);
       }
       const double full_size = median(full);
-      fmt::print("| {} | {} | {:.3f} | {:.0f} | {} |\n", ranks, recovery, median(first), median(again),
-                 full_size < 0 ? std::string("not within the run") : fmt::format("{:.3f}", full_size));
+      const double step_time = median(step);
+      fmt::print("| {} | {} | {:.3f} | {:.0f} | {} | {} |\n", ranks, recovery, median(first), median(again),
+                 full_size < 0 ? std::string("not within the run") : fmt::format("{:.3f}", full_size),
+                 step_time < 0 ? std::string("-") : fmt::format("{:.3f}", step_time));
     }
   }
 }

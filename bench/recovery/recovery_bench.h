@@ -38,6 +38,8 @@ struct RecoveryRun {
   double seconds_to_first_new_step = 0;
   int64_t steps_trained_again = 0;
   double seconds_to_full_size = 0;
+  // How long a step took before the kill (the mean of the last few): the first new step includes one. -1: unknown.
+  double seconds_per_step = -1;
 };
 
 // Runs every (ranks, recovery) pair once per round, the pairs of a round side by side. Throws CommError naming
