@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -82,7 +83,17 @@ Membership::~Membership() {
 void Membership::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
   int abandoned_epoch = -1;
+  const char* heartbeat = std::getenv(kHeartbeatVariable);
+  const int heartbeat_fd = heartbeat != nullptr ? std::atoi(heartbeat) : -1;
+  auto beaten = std::chrono::steady_clock::now() - kHeartbeatInterval;
   while (!wake_.wait_for(lock, watch_interval_, [this] { return stopping_; })) {
+    if (heartbeat_fd >= 0 && std::chrono::steady_clock::now() - beaten >= kHeartbeatInterval) {
+      // Non-blocking: a launcher that does not read (a full pipe) or is gone loses beats, never this thread.
+      const char beat = 1;
+      ssize_t ignored = ::write(heartbeat_fd, &beat, 1);
+      (void)ignored;
+      beaten = std::chrono::steady_clock::now();
+    }
     const int watched = epoch_;
     const std::vector<int> members = members_;
     const CommunicatorPtr communicator = communicator_;

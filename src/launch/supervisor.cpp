@@ -31,6 +31,11 @@ constexpr std::chrono::seconds kKillWait{10};
 constexpr int kStopPollMs = 20;
 // Under in-job recovery, while a replacement starts or other nodes may report: how often to look in the store.
 constexpr int kReadyPollMs = 20;
+// Under in-job recovery: a worker whose heartbeat (comm::kHeartbeatVariable, every 250 ms from a thread of its own)
+// stood still this long is stopped or frozen whole; it is killed, and the others go on without it. Far above
+// the interval, so that a loaded machine does not cost a healthy worker its place.
+constexpr std::chrono::seconds kHeartbeatLostAfter{5};
+constexpr int kHeartbeatPollMs = 250;
 
 }  // namespace
 
@@ -72,7 +77,7 @@ int exit_code_of(const AttemptEnd& end) {
 
 Supervisor::~Supervisor() {
   for (Worker& worker : workers_) {
-    for (int fd : {worker.out.fd, worker.err.fd}) {
+    for (int fd : {worker.out.fd, worker.err.fd, worker.heartbeat_fd}) {
       if (fd >= 0) ::close(fd);
     }
   }
@@ -107,6 +112,7 @@ std::vector<std::string> Supervisor::environment_for(const LaunchPlan& plan, int
   // The workers write into pipes; rank 0's progress bar needs to know that the launcher shows them on a
   // terminal, which redraws a line in place (see OutputRelay::emit).
   if (::isatty(STDERR_FILENO) == 1) overrides["TANDEM_TERMINAL"] = "1";
+  if (recovery_ != nullptr) overrides[comm::kHeartbeatVariable] = std::to_string(kHeartbeatFd);
   return environment_with(overrides);
 }
 
@@ -140,7 +146,11 @@ AttemptEnd Supervisor::run_attempt(const LaunchPlan& plan, int restart_count,
   supervise(stop_fd);
   handle_signals();
   // Their process groups are empty: a signal between attempts must not reach a group id the kernel reused.
-  for (Worker& worker : workers_) worker.pid = -1;
+  for (Worker& worker : workers_) {
+    worker.pid = -1;
+    if (worker.heartbeat_fd >= 0) ::close(worker.heartbeat_fd);
+    worker.heartbeat_fd = -1;
+  }
   return end_;
 }
 
@@ -168,10 +178,11 @@ void Supervisor::start_workers(const LaunchPlan& plan, int restart,
 
 bool Supervisor::start_worker(Worker& worker, const std::vector<std::string>& environment,
                               const std::string& program) {
-  WorkerProcess process = spawn_worker(plan_->command, environment, worker.exit.rank);
+  WorkerProcess process = spawn_worker(plan_->command, environment, worker.exit.rank, recovery_ != nullptr);
   if (process.exec_errno == 0) {
     worker.pid = process.pid;
     worker.running = true;
+    worker.heartbeat_fd = process.heartbeat_fd;
     worker.out =
         OutputStream::from_pipe(process.stdout_fd, worker.exit.rank, STDOUT_FILENO, worker.log_fd, worker.log_path);
     worker.err =
@@ -231,6 +242,32 @@ void Supervisor::recover_in_job() {
   }
 }
 
+// Every byte is a beat; the end of the pipe is the worker's end, which SIGCHLD reports.
+void Supervisor::read_heartbeat(Worker& worker) {
+  char beats[64];
+  ssize_t got;
+  while ((got = ::read(worker.heartbeat_fd, beats, sizeof(beats))) > 0) worker.beaten = Clock::now();
+  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+    ::close(worker.heartbeat_fd);
+    worker.heartbeat_fd = -1;
+    worker.beaten.reset();
+  }
+}
+
+// A worker alive but silent (stopped, frozen) holds the others in their collectives until --timeout: once its
+// heartbeat stood still for kHeartbeatLostAfter it is killed, and its loss is recovered as any other. A worker
+// that never beat yet (starting: its libraries, its data) is not judged.
+void Supervisor::kill_the_silent() {
+  const auto now = Clock::now();
+  for (Worker& worker : workers_) {
+    if (!worker.running || !worker.beaten || now - *worker.beaten < kHeartbeatLostAfter) continue;
+    report(fmt::format("rank {} sent no heartbeat for {} s (stopped or frozen); killing it", worker.exit.rank,
+                       kHeartbeatLostAfter.count()));
+    worker.beaten.reset();
+    ::kill(-worker.pid, SIGKILL);
+  }
+}
+
 void Supervisor::supervise(int stop_fd) {
   while (true) {
     bool any_running = false;
@@ -261,9 +298,20 @@ void Supervisor::supervise(int stop_fd) {
         streams.push_back(stream);
       }
     }
-    // A replacement says that it is ready in the store, which has no descriptor to poll.
+    const size_t first_heartbeat = fds.size();
+    std::vector<Worker*> beating;
+    for (Worker& worker : workers_) {
+      if (worker.heartbeat_fd < 0) continue;
+      fds.push_back({worker.heartbeat_fd, POLLIN, 0});
+      beating.push_back(&worker);
+    }
+    // A replacement says that it is ready in the store, which has no descriptor to poll; a heartbeat that stands
+    // still sends nothing.
     const bool awaiting = recovery_ != nullptr && (recovery_->needs_polling() || !replacements_due_.empty());
-    int timeout_ms = phase_ != Phase::kRunning ? kStopPollMs : awaiting ? kReadyPollMs : -1;
+    int timeout_ms = phase_ != Phase::kRunning ? kStopPollMs
+                     : awaiting              ? kReadyPollMs
+                     : recovery_ != nullptr  ? kHeartbeatPollMs
+                                             : -1;
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       throw Error(fmt::format("poll failed while supervising the workers: {}", std::strerror(errno)));
     }
@@ -273,10 +321,16 @@ void Supervisor::supervise(int stop_fd) {
       cause_known_ = true;
       begin_stop(SIGTERM);
     }
-    for (size_t i = first_stream; i < fds.size(); ++i) {
+    for (size_t i = first_stream; i < first_heartbeat; ++i) {
       if (fds[i].revents != 0) output_.read(*streams[i - first_stream]);
     }
-    if (recovery_ != nullptr && phase_ == Phase::kRunning) recover_in_job();
+    for (size_t i = first_heartbeat; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) read_heartbeat(*beating[i - first_heartbeat]);
+    }
+    if (recovery_ != nullptr && phase_ == Phase::kRunning) {
+      kill_the_silent();
+      recover_in_job();
+    }
   }
   // Output still buffered in pipes held by a process that escaped the process groups is read, not waited for.
   for (Worker& worker : workers_) {

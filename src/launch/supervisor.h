@@ -85,6 +85,9 @@ class Supervisor {
     int log_fd = -1;  // owned by log_fds_
     std::string log_path;
     bool awaiting = false;  // a replacement not yet taken in (in-job recovery)
+    // In-job recovery: the read end of its heartbeat pipe, and when a beat last came (none yet: not watched).
+    int heartbeat_fd = -1;
+    std::optional<std::chrono::steady_clock::time_point> beaten;
   };
   enum class Phase { kRunning, kStopping, kKilling };
 
@@ -96,6 +99,8 @@ class Supervisor {
   bool start_worker(Worker& worker, const std::vector<std::string>& environment, const std::string& program);
   // In-job recovery, between two polls: replacements due are started, and those that are ready taken in.
   void recover_in_job();
+  void read_heartbeat(Worker& worker);
+  void kill_the_silent();
   bool recovers(const Worker& worker);
   void supervise(int stop_fd);
   void handle_signals();

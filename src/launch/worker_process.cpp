@@ -29,7 +29,7 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 // The child's side of spawn_worker: only async-signal-safe calls until exec, since the launcher may have other
 // threads. On a failed exec, writes its errno into `exec_status`.
 [[noreturn]] void exec_worker(char* const* argv, char* const* envp, pid_t launcher, int dev_null, int out, int err,
-                              int exec_status) {
+                              int heartbeat, int exec_status) {
   SignalRelay::restore_defaults_in_child();
   sigset_t none;
   sigemptyset(&none);
@@ -43,6 +43,9 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   if (dev_null >= 0) ::dup2(dev_null, STDIN_FILENO);
   ::dup2(out, STDOUT_FILENO);
   ::dup2(err, STDERR_FILENO);
+  // dup2 onto itself would keep close-on-exec set.
+  if (heartbeat == kHeartbeatFd) ::fcntl(heartbeat, F_SETFD, 0);
+  if (heartbeat >= 0 && heartbeat != kHeartbeatFd) ::dup2(heartbeat, kHeartbeatFd);
   ::execvpe(argv[0], argv, envp);
   int error = errno;
   ssize_t ignored = ::write(exec_status, &error, sizeof(error));
@@ -72,13 +75,15 @@ std::vector<std::string> environment_with(const std::map<std::string, std::strin
   return entries;
 }
 
-WorkerProcess spawn_worker(const std::vector<std::string>& command, std::vector<std::string> environment, int rank) {
+WorkerProcess spawn_worker(const std::vector<std::string>& command, std::vector<std::string> environment, int rank,
+                           bool heartbeat) {
   std::vector<char*> envp = c_strings(environment);
   std::vector<std::string> args = command;
   std::vector<char*> argv = c_strings(args);
 
-  int out[2], err[2], exec_status[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_status, O_CLOEXEC) != 0) {
+  int out[2], err[2], exec_status[2], beats[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(exec_status, O_CLOEXEC) != 0 ||
+      (heartbeat && ::pipe2(beats, O_CLOEXEC | O_NONBLOCK) != 0)) {
     throw Error(fmt::format("cannot create pipes for rank {}: {}", rank, std::strerror(errno)));
   }
   int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -89,14 +94,18 @@ WorkerProcess spawn_worker(const std::vector<std::string>& command, std::vector<
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
   pid_t pid = ::fork();
-  if (pid == 0) exec_worker(argv.data(), envp.data(), launcher, dev_null, out[1], err[1], exec_status[1]);
+  if (pid == 0) {
+    exec_worker(argv.data(), envp.data(), launcher, dev_null, out[1], err[1], beats[1], exec_status[1]);
+  }
   int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  for (int fd : {out[1], err[1], exec_status[1], dev_null}) {
+  for (int fd : {out[1], err[1], exec_status[1], dev_null, beats[1]}) {
     if (fd >= 0) ::close(fd);
   }
   if (pid < 0) {
-    for (int fd : {out[0], err[0], exec_status[0]}) ::close(fd);
+    for (int fd : {out[0], err[0], exec_status[0], beats[0]}) {
+      if (fd >= 0) ::close(fd);
+    }
     throw Error(fmt::format("cannot start rank {}: fork failed: {}", rank, std::strerror(fork_error)));
   }
   ::setpgid(pid, pid);  // also here, so no kill(-pid) can race the child's own setpgid
@@ -107,11 +116,12 @@ WorkerProcess spawn_worker(const std::vector<std::string>& command, std::vector<
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    ::close(out[0]);
-    ::close(err[0]);
-    return {-1, -1, -1, exec_errno};
+    for (int fd : {out[0], err[0], beats[0]}) {
+      if (fd >= 0) ::close(fd);
+    }
+    return {-1, -1, -1, -1, exec_errno};
   }
-  return {pid, out[0], err[0], 0};
+  return {pid, out[0], err[0], beats[0], 0};
 }
 
 std::string exec_failure_message(const std::string& program, int rank, int exec_errno) {

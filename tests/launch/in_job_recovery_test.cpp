@@ -2,10 +2,12 @@
 // survivors of a SIGKILLed worker training, and takes its replacement in, healed over the network.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/processes.h"
@@ -128,6 +130,43 @@ TEST(InJobRecovery, TheRankSendingTheHealIsLostTooAndTheOthersHealAgainWithoutIt
   }
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.back()["world_size"].get<int>(), 3) << "both replacements were taken in";
+}
+
+// A worker alive but silent: rank 1 is stopped with SIGSTOP from outside mid-epoch. No collective fails for it
+// (its connections stay open); its heartbeat stands still, the launcher kills it after 5 s, and the others go on
+// and take its replacement in, long before --timeout (60 s here).
+TEST(InJobRecovery, AStoppedWorkerIsKilledWhenItsHeartbeatStandsStillAndTheOthersGoOn) {
+  const std::string data = write_tiny_mnist("in_job_stopped_data", 1920, 48);
+  const std::string cwd = make_temp_dir("in_job_stopped");
+  std::string worker = "echo \\$\\$ >> pids.\\$RANK && exec '" + tandem_cli() + "' train --data '" + data +
+                       "' --epochs 3 --batch-size 16 --threads 1 --seed 5 --timeout 60 --check-replicas-every 1 "
+                       "--run-dir run --no-tensorboard --no-report";
+  BackgroundProcess job({"sh", "-c",
+                         "cd '" + cwd + "' && exec '" + tandem_cli() +
+                             "' run --nproc-per-node 3 --max-restarts 1 --recovery in-job -- sh -c \"" + worker + "\""});
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_lines(cwd + "/run/steps.jsonl").size() < 6 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::vector<std::string> pids = read_lines(cwd + "/pids.1");
+  ASSERT_EQ(pids.size(), 1u);
+  ASSERT_EQ(::kill(std::stoi(pids[0]), SIGSTOP), 0);
+  const ProcessResult result = job.finish(std::chrono::seconds(150));
+  ASSERT_FALSE(result.timed_out) << result.output;
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("rank 1 sent no heartbeat for 5 s (stopped or frozen); killing it"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("rank 1's replacement is taken in"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("resuming from"), std::string::npos) << result.output;
+  EXPECT_EQ(read_lines(cwd + "/pids.0").size(), 1u);
+  EXPECT_EQ(read_lines(cwd + "/pids.2").size(), 1u);
+  std::vector<int> worlds;
+  for (const nlohmann::json& step : steps_of(cwd + "/run")) {
+    const int world = step["world_size"].get<int>();
+    if (worlds.empty() || worlds.back() != world) worlds.push_back(world);
+  }
+  EXPECT_EQ(worlds, (std::vector<int>{3, 2, 3}));
 }
 
 TEST(InJobRecovery, WhereItCannotWorkItIsRefusedInOneLineBeforeTraining) {
