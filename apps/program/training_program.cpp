@@ -95,8 +95,11 @@ nn::Model build_model(const TrainingProgramOptions& o, const data::DataFolder& d
     for (const auto& m : report.missing) log::warn("not in {}: {} (keeps its initial value)", o.init_weights, m);
   });
   // SyncBatchNorm before DDP and the optimizer (as PyTorch requires): the swap keeps the parameter tensors, and
-  // DDP must see the model it will run.
-  if (o.sync_bn) nn::convert_sync_batchnorm(model.module.ptr(), communicator);
+  // DDP must see the model it will run. Under in-job recovery the layers take the default group's communicator
+  // at each forward, which is the current membership's.
+  if (o.sync_bn) {
+    nn::convert_sync_batchnorm(model.module.ptr(), o.loop.in_job_recovery ? nullptr : communicator);
+  }
   if (o.freeze_layers) {
     auto trainable = nn::freeze_all_but_head(model);
     log::main_info("--freeze-layers: training {} tensors of the classifier head", trainable.size());
@@ -125,13 +128,9 @@ void validate_fsdp(const TrainingProgramOptions& o) {
 
 }  // namespace
 
-// What in-job recovery cannot carry over to a new membership, besides the loop's own refusals: SyncBatchNorm's
-// layers and a sharded optimizer hold the first membership's group.
+// What in-job recovery cannot carry over to a new membership, besides the loop's own refusals: a sharded
+// optimizer's state.
 void validate_recovery(const TrainingProgramOptions& o) {
-  if (o.sync_bn) {
-    throw InvalidArgument("--sync-bn cannot be combined with tandem run's --recovery in-job yet: the SyncBatchNorm "
-                          "layers keep the group of the first membership; drop one of them");
-  }
   if (o.zero) {
     throw InvalidArgument("--zero cannot be combined with tandem run's --recovery in-job: a lost rank's share of the "
                           "optimizer state is on no other rank; drop --zero, or recover by --recovery restart");
