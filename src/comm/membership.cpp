@@ -15,6 +15,16 @@
 
 namespace tandem::comm {
 
+namespace {
+
+// Non-blocking: a launcher that does not read (a full pipe) or is gone loses beats, never the watcher.
+void send_heartbeat(int fd, char byte) {
+  ssize_t ignored = ::write(fd, &byte, 1);
+  (void)ignored;
+}
+
+}  // namespace
+
 bool in_job_recovery_requested() {
   const char* recovery = std::getenv(kRecoveryVariable);
   return recovery != nullptr && std::string(recovery) == kInJobRecovery;
@@ -88,10 +98,7 @@ void Membership::watch() {
   auto beaten = std::chrono::steady_clock::now() - kHeartbeatInterval;
   while (!wake_.wait_for(lock, watch_interval_, [this] { return stopping_; })) {
     if (heartbeat_fd >= 0 && std::chrono::steady_clock::now() - beaten >= kHeartbeatInterval) {
-      // Non-blocking: a launcher that does not read (a full pipe) or is gone loses beats, never this thread.
-      const char beat = 1;
-      ssize_t ignored = ::write(heartbeat_fd, &beat, 1);
-      (void)ignored;
+      send_heartbeat(heartbeat_fd, kHeartbeat);
       beaten = std::chrono::steady_clock::now();
     }
     const int watched = epoch_;
@@ -120,6 +127,8 @@ void Membership::watch() {
     }
     lock.lock();
   }
+  // What the process does after its membership (saving, tearing down) is not judged.
+  if (heartbeat_fd >= 0) send_heartbeat(heartbeat_fd, kHeartbeatsEnd);
 }
 
 int Membership::published() const {

@@ -242,11 +242,18 @@ void Supervisor::recover_in_job() {
   }
 }
 
-// Every byte is a beat; the end of the pipe is the worker's end, which SIGCHLD reports.
+// A beat, or the end of the worker's membership (not judged from then on, until it beats again); the end of the
+// pipe is the worker's end, which SIGCHLD reports.
 void Supervisor::read_heartbeat(Worker& worker) {
   char beats[64];
   ssize_t got;
-  while ((got = ::read(worker.heartbeat_fd, beats, sizeof(beats))) > 0) worker.beaten = Clock::now();
+  while ((got = ::read(worker.heartbeat_fd, beats, sizeof(beats))) > 0) {
+    if (beats[got - 1] == comm::kHeartbeat) {
+      worker.beaten = Clock::now();
+    } else {
+      worker.beaten.reset();
+    }
+  }
   if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
     ::close(worker.heartbeat_fd);
     worker.heartbeat_fd = -1;

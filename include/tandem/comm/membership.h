@@ -25,11 +25,14 @@ namespace tandem::comm {
 inline constexpr const char* kRecoveryVariable = "TANDEM_RECOVERY";
 inline constexpr const char* kInJobRecovery = "in-job";
 inline constexpr const char* kReplacementVariable = "TANDEM_RECOVERY_REPLACEMENT";
-// Under in-job recovery, the descriptor of a pipe to the launcher: the worker writes a byte into it every
-// kHeartbeatInterval from a thread of its own, and the launcher kills a worker whose heartbeat stood still (a
-// process stopped or frozen whole, which no collective fails for) so that the others go on without it.
+// Under in-job recovery, the descriptor of a pipe to the launcher: the worker writes kHeartbeat into it every
+// kHeartbeatInterval from a thread of its own while it has a membership, and kHeartbeatsEnd when that ends; the
+// launcher kills a worker whose heartbeat stood still in between (a process stopped or frozen whole, which no
+// collective fails for), so that the others go on without it.
 inline constexpr const char* kHeartbeatVariable = "TANDEM_HEARTBEAT_FD";
 inline constexpr std::chrono::milliseconds kHeartbeatInterval{250};
+inline constexpr char kHeartbeat = 1;
+inline constexpr char kHeartbeatsEnd = 0;
 
 enum class RecoveryRole {
   kNone,         // no in-job recovery: a lost worker ends the attempt
