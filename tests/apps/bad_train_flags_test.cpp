@@ -173,7 +173,7 @@ std::vector<BadInput> bad_inputs() {
       {"BatchOfOneThroughBatchNorm", train_with_batch(kTinyImageFolder, "1", {"--model", "cnn-bn"}),
        {"error: --batch-size 1 gives one sample per rank to the BatchNorm layers of --model cnn-bn, which "
         "need more than one in training mode",
-        "use --batch-size 2 or more", "or train a model without BatchNorm (cnn)"}},
+        "use --batch-size 2 or more", "or train a model without BatchNorm (cnn, mlp-100m)"}},
       {"BatchOfOneThroughSyncBatchNormOnOneRank",
        train_with_batch(kTinyImageFolder, "1", {"--model", "cnn-bn", "--sync-bn"}),
        {"--batch-size 1 gives one sample per rank to the BatchNorm layers of --model cnn-bn",
