@@ -16,6 +16,8 @@
 #include "apps/command.h"
 #include "apps/flag_checks.h"
 #include "apps/model_flag.h"
+#include "tandem/checkpoint/distributed_checkpoint.h"
+#include "tandem/checkpoint/sharded_safetensors.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/data/mnist_dataset.h"
 #include "tandem/ddp/named_comm_hook.h"
@@ -40,13 +42,18 @@ constexpr int kMostThreads = 1024;
 // Below a second the ranks cannot count on connecting: gloo's rendezvous gave up "after 0 s" at 0.001.
 constexpr double kShortestTimeoutSeconds = 1;
 
-// --init's file. A folder opens for reading as a file does, and was then read as one of 2^63 bytes.
-CLI::Validator not_a_folder() {
+// --init's source. A folder of neither kind opens for reading as a file does, and was then read as one of 2^63
+// bytes.
+CLI::Validator weights_source() {
   return CLI::Validator(
       [](std::string& path) -> std::string {
-        if (!std::filesystem::is_directory(path)) return {};
-        return fmt::format("{} is a folder; give a file in it: weights written by --save-weights, or a run dir's "
-                           "checkpoint-*.safetensors",
+        if (!std::filesystem::is_directory(path) || checkpoint::is_distributed_checkpoint(path) ||
+            checkpoint::is_sharded_safetensors(path)) {
+          return {};
+        }
+        return fmt::format("{} is a folder of neither a PyTorch distributed checkpoint (.metadata) nor sharded "
+                           "safetensors; give weights written by --save-weights, a run dir's "
+                           "checkpoint-*.safetensors, or such a folder",
                            path);
       },
       "");
@@ -208,7 +215,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--no-shuffle", flags->no_shuffle, "rank r takes samples r, r+W, r+2W, ... in order");
   command.add_option("--normalize", flags->normalize, "MNIST: MEAN,STD of the pixels (default: from the folder name; Fashion-MNIST 0.2860,0.3530)")->check(parsed_by(data::parse_normalization, "MEAN,STD of finite numbers with STD above 0 (e.g. 0.2860,0.3530)"));
   command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
-  command.add_option("--init,--weights", p.init_weights, "safetensors weights (--save-weights, a PyTorch state dict) or a tandem checkpoint, full or sharded, whose model to start from (mismatched tensors are skipped and listed)")->check(not_a_folder());
+  command.add_option("--init,--weights", p.init_weights, "the weights to start from (mismatched tensors are skipped and listed): a safetensors file (--save-weights, a PyTorch state dict), sharded safetensors (a folder, or its model.safetensors.index.json), a tandem checkpoint, full or sharded, or a PyTorch distributed checkpoint (DCP folder; its model, under model. where it holds model and optimizer)")->check(weights_source());
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");

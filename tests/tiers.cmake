@@ -30,6 +30,7 @@ set(tandem_tier_hosts
 
 set(tandem_tier_python
   "PytorchFullyShard.*"
+  "PytorchCheckpoints.*"
   "PytorchFullyShardParity.*"
   "FsdpAgainstPytorchDdp.*"
   "TrainTensorBoard.*"

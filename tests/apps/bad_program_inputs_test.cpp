@@ -39,11 +39,11 @@ std::vector<BadInput> bad_inputs() {
   return {
       // The program's first word.
       {"UnknownCommandSuggestsTheNearest", {"trian"},
-       {"tandem: error: unknown command 'trian'", "did you mean 'train'?", "bench, export-images, report, run, train"}},
+       {"tandem: error: unknown command 'trian'", "did you mean 'train'?", "bench, convert, export-images, report, run, train"}},
       {"UnknownCommandListsTheCommands", {"xyzzy"}, {"unknown command 'xyzzy'", "the commands are bench"}},
       {"NoCommand", {}, {"tandem: error: a command is required", "train"}},
       {"UnknownFlagBeforeTheCommand", {"--bogus"},
-       {"tandem: error: unknown flag '--bogus'", "the commands are bench, export-images, report, run, train"}},
+       {"tandem: error: unknown flag '--bogus'", "the commands are bench, convert, export-images, report, run, train"}},
       {"UnknownCommandOfACommand", {"bench", "allreduse"},
        {"bench: unknown command 'allreduse': did you mean 'allreduce'? The commands are allreduce, data, memory, overhead, recovery, rendezvous, train"}},
       {"NoCommandOfACommand", {"bench"}, {"bench: a command is required; the commands are allreduce, data, memory, overhead, recovery, rendezvous, train"}},
@@ -134,6 +134,19 @@ std::vector<BadInput> bad_inputs() {
       {"ExportAnUnknownSet", {"export-images", fixture("export_out"), "--source", fixture("images_only"), "--sets", "foo"},
        {"holds no foo-images-idx3-ubyte[.gz]; the sets it holds are train: name those with --sets"}},
       {"ExportIntoAFile", {"export-images", a_file}, {a_file + " is a file, not a folder"}},
+      // tandem convert
+      {"ConvertWithoutFormat", {"convert", a_file, fixture("converted")}, {"--format is required"}},
+      {"ConvertToAnUnknownFormat", {"convert", a_file, fixture("converted"), "--format", "onnx"},
+       {"--format: onnx not in {dcp,safetensors}"}},
+      {"ConvertAMissingSource", {"convert", fixture("absent"), fixture("converted"), "--format", "dcp"},
+       {"source: Path does not exist: " + fixture("absent")}},
+      {"ConvertAShardSizeWithoutNumber", {"convert", a_file, fixture("converted"), "--format", "safetensors",
+                                          "--max-shard-size", "GB"},
+       {"--max-shard-size: must be a size such as 500MB, 5GB or 2GiB, not GB"}},
+      {"ConvertOntoAnExistingFolder", {"convert", a_file, fixture("empty_folder"), "--format", "dcp"},
+       {fixture("empty_folder") + " exists already: it is never overwritten"}},
+      {"ConvertSomethingThatIsNoCheckpoint", {"convert", a_file, fixture("converted"), "--format", "dcp"},
+       {a_file + ":", "safetensors"}},
   };
 }
 

@@ -152,7 +152,7 @@ std::vector<BadInput> bad_inputs() {
       {"ReshardAfterForwardNotABool", train({"--strategy", "fsdp", "--reshard-after-forward", "2"}),
        {"--reshard-after-forward: must be true or false, not 2"}},
       // A folder opens for reading as a file does: it was "a file of 9223372036854775807 bytes".
-      {"InitIsAFolder", train({"--init", kTinyMnist}), {"--init:", "is a folder; give a file in it"}},
+      {"InitIsAFolder", train({"--init", kTinyMnist}), {"--init:", "is a folder of neither a PyTorch distributed checkpoint (.metadata) nor sharded safetensors"}},
       {"SkipBadImagesOnMnistFiles", train_on(kTinyMnist, {"--skip-bad-images"}),
        {"--skip-bad-images:", "holds MNIST files", "drop --skip-bad-images"}},
       {"NormalizeOnAnImageFolder", train_on(kTinyImageFolder, {"--image-size", "32", "--normalize", "0.5,0.25"}),

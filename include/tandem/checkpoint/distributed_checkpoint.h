@@ -1,0 +1,54 @@
+#pragma once
+// PyTorch's distributed checkpoints (`torch.distributed.checkpoint`, DCP): what FSDP2 and torchtitan save. A folder
+// of `.metadata` (a pickled description of every entry: each tensor's dtype, shape and the boxes it was saved in,
+// and where each box's bytes lie) and `__<rank>_<n>.distcp` files, each the concatenated `torch.save` archives of one
+// rank's boxes (or, with PyTorch's safetensors serialization, one safetensors file). docs/checkpoint.md has the
+// fields. tandem reads one on any number of ranks and writes one that PyTorch's `dcp.load` reads on any number.
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/checkpoint/safetensors.h"
+
+namespace tandem::checkpoint {
+
+// Whether `path` is a folder holding a `.metadata` file.
+bool is_distributed_checkpoint(const std::string& path);
+
+// Every tensor whole, put together from its boxes, under its flat name (`model.fc1.weight`,
+// `optimizer.state.fc1.weight.exp_avg`), and every bytes entry that holds a number, a boolean, a string or None in
+// `metadata` under its flat name (`optimizer.param_groups.0.lr` = `0.001`). Everything is checked: the metadata's
+// pickle is read bounded (a name outside DCP's own classes is refused, never run), each box against the archive it
+// lies in, the boxes against each other (inside the tensor, none overlapping, all of it covered). A missing, cut
+// short or damaged file throws InvalidArgument in one line naming it.
+TensorFile read_distributed_checkpoint(const std::string& dir);
+
+// One box of a tensor being written: `data` is the elements at `offsets` (its shape the box's sizes) of the tensor
+// `name` of `shape`.
+struct TensorBoxData {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> offsets;
+  torch::Tensor data;
+};
+
+// Writes a DCP folder one `.distcp` file at a time (a rank's boxes each), then its metadata. Nothing appears at
+// `dir` until finish(): the files are written into `dir.tmp.<pid>`, synced and renamed. `dir` must not exist.
+class DistributedCheckpointWriter {
+ public:
+  explicit DistributedCheckpointWriter(std::string dir);
+  ~DistributedCheckpointWriter();
+
+  // Writes `__<rank>_0.distcp` with these boxes; every tensor's boxes, over all files, must tile it.
+  void write_file(int rank, const std::vector<TensorBoxData>& boxes);
+  void finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tandem::checkpoint

@@ -1,0 +1,185 @@
+// PyTorch's distributed checkpoints (tandem/checkpoint/distributed_checkpoint.h): the metadata through the bounded
+// pickle reader, each box from its archive, whole tensors put together and checked box by box.
+#include "tandem/checkpoint/distributed_checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "dcp_metadata.h"
+#include "folder_output.h"
+#include "tensor_boxes.h"
+#include "torch_archive.h"
+#include "tandem/util/atomic_file.h"
+#include "tandem/util/error.h"
+
+namespace tandem::checkpoint {
+namespace {
+
+constexpr const char* kMetadataFile = ".metadata";
+
+std::ifstream open_checkpoint_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (errno == ENOENT) {
+      throw InvalidArgument(path + ": missing (the checkpoint's metadata names it: the checkpoint is incomplete)");
+    }
+    throw Error(fmt::format("{}: cannot open it: {}", path, std::strerror(errno)));
+  }
+  return in;
+}
+
+// The bytes [offset, offset + length) of a file of the checkpoint, or the whole file when length is -1.
+std::string read_checkpoint_bytes(const std::string& path, uint64_t offset, int64_t length) {
+  std::ifstream in = open_checkpoint_file(path);
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  const uint64_t wanted = length < 0 ? size : static_cast<uint64_t>(length);
+  if (offset > size || wanted > size - offset) {
+    throw InvalidArgument(fmt::format("{}: cut short: the metadata places a piece at bytes [{}, {}) of its {} bytes",
+                                      path, offset, offset + wanted, size));
+  }
+  std::string bytes(wanted, '\0');
+  in.seekg(static_cast<std::streamoff>(offset));
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(wanted))) throw Error(path + ": cannot read it");
+  return bytes;
+}
+
+// A piece's file: a plain name inside the checkpoint's folder, never a path that leads out of it.
+std::string piece_file(const std::string& dir, const DcpStorage& place, const std::string& metadata_path) {
+  if (place.file.empty() || place.file.find('/') != std::string::npos || place.file == "." || place.file == "..") {
+    throw InvalidArgument(fmt::format("{}: names the piece file '{}', which is not a file of the checkpoint's folder "
+                                      "(the metadata is damaged or forged)", metadata_path, place.file));
+  }
+  return dir + "/" + place.file;
+}
+
+bool is_zip(const std::string& path) {
+  std::ifstream in = open_checkpoint_file(path);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in && std::memcmp(magic, "PK\x03\x04", 4) == 0;
+}
+
+std::string rendered(const PickleValue& value) {
+  using Kind = PickleValue::Kind;
+  switch (value.kind) {
+    case Kind::kNone: return "none";
+    case Kind::kBool: return value.boolean ? "true" : "false";
+    case Kind::kInt: return std::to_string(value.integer);
+    case Kind::kFloat: return fmt::format("{}", value.real);
+    case Kind::kString: return value.text;
+    case Kind::kTuple:
+    case Kind::kList: {
+      std::vector<std::string> items;
+      for (const PickleValue* item : value.items) items.push_back(rendered(*item));
+      return fmt::format("[{}]", fmt::join(items, ", "));
+    }
+    default: return "";
+  }
+}
+
+}  // namespace
+
+bool is_distributed_checkpoint(const std::string& path) {
+  std::error_code error;
+  return std::filesystem::is_directory(path, error) &&
+         std::filesystem::exists(std::filesystem::path(path) / kMetadataFile, error);
+}
+
+TensorFile read_distributed_checkpoint(const std::string& dir) {
+  const std::string metadata_path = dir + "/" + kMetadataFile;
+  const DcpMetadata metadata = parse_dcp_metadata(read_checkpoint_bytes(metadata_path, 0, -1), metadata_path);
+  const auto place_of = [&](const std::string& name, const std::vector<int64_t>& offsets) -> const DcpStorage& {
+    const auto found = metadata.storage.find({name, offsets});
+    if (found == metadata.storage.end()) {
+      throw InvalidArgument(fmt::format("{}: names a piece of '{}' at {} that no file holds (the metadata is "
+                                        "damaged)", metadata_path, name, offsets));
+    }
+    return found->second;
+  };
+
+  TensorFile file;
+  for (const auto& [name, tensor] : metadata.tensors) {
+    TensorAssembly whole(name, tensor.shape, tensor.dtype, dir);
+    for (const DcpChunk& chunk : tensor.chunks) {
+      const DcpStorage& place = place_of(name, chunk.offsets);
+      const std::string path = piece_file(dir, place, metadata_path);
+      const std::string source = fmt::format("{} (the piece of '{}' at {})", path, name, chunk.offsets);
+      // PyTorch's safetensors serialization puts each rank's pieces in one safetensors file, under their names.
+      torch::Tensor piece = is_zip(path) ? read_torch_archive_tensor(read_checkpoint_bytes(path, place.offset,
+                                                                                           static_cast<int64_t>(place.length)),
+                                                                     source)
+                                         : SafetensorsReader(path).read(name);
+      if (piece.sizes() != c10::IntArrayRef(chunk.sizes)) {
+        throw InvalidArgument(fmt::format("{}: holds a piece of shape {} where the metadata says {} (the checkpoint's "
+                                          "files are not of one save)", source, piece.sizes(), chunk.sizes));
+      }
+      whole.add(chunk.offsets, piece);
+    }
+    file.tensors.emplace_back(name, whole.finish());
+  }
+  for (const std::string& name : metadata.byte_entries) {
+    const DcpStorage& place = place_of(name, {});
+    const std::string path = piece_file(dir, place, metadata_path);
+    const PickleDocument value = read_torch_archive_value(
+        read_checkpoint_bytes(path, place.offset, static_cast<int64_t>(place.length)), path + " (entry '" + name + "')");
+    file.metadata[name] = rendered(value.root());
+  }
+  return file;
+}
+
+struct DistributedCheckpointWriter::State {
+  explicit State(std::string dir) : folder(std::move(dir)) {}
+  FolderOutput folder;
+  DcpMetadata metadata;
+  std::set<int> ranks;
+};
+
+DistributedCheckpointWriter::DistributedCheckpointWriter(std::string dir)
+    : state_(std::make_unique<State>(std::move(dir))) {}
+
+DistributedCheckpointWriter::~DistributedCheckpointWriter() = default;
+
+void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorBoxData>& boxes) {
+  TANDEM_CHECK(state_->ranks.insert(rank).second, "rank ", rank, "'s file written twice");
+  const std::string name = fmt::format("__{}_0.distcp", rank);
+  DcpMetadata& metadata = state_->metadata;
+  write_file_atomically(state_->folder.path(name), [&](const FileAppender& append) {
+    uint64_t offset = 0;
+    for (const TensorBoxData& box : boxes) {
+      const std::string archive = torch_archive_of_tensor(box.data);
+      append(archive.data(), archive.size());
+      metadata.storage[{box.name, box.offsets}] = {name, offset, archive.size()};
+      offset += archive.size();
+      DcpTensor& tensor = metadata.tensors[box.name];
+      tensor.dtype = box.data.scalar_type();
+      tensor.shape = box.shape;
+      tensor.chunks.push_back({box.offsets, box.data.sizes().vec()});
+      // torchtitan's convention nests the model's state dict under "model": PyTorch's readers that rebuild the
+      // nesting from the metadata alone need each name's path.
+      const std::string prefix = "model.";
+      metadata.paths[box.name] = box.name.compare(0, prefix.size(), prefix) == 0
+                                     ? std::vector<DcpMetadata::PathPart>{{"model"}, {box.name.substr(prefix.size())}}
+                                     : std::vector<DcpMetadata::PathPart>{{box.name}};
+    }
+  });
+}
+
+void DistributedCheckpointWriter::finish() {
+  for (const auto& [name, tensor] : state_->metadata.tensors) {
+    int64_t covered = 0;
+    for (const DcpChunk& chunk : tensor.chunks) covered += c10::multiply_integers(chunk.sizes);
+    TANDEM_CHECK(covered == c10::multiply_integers(tensor.shape), "the boxes written of '", name,
+                 "' do not tile it");
+  }
+  write_file_atomically(state_->folder.path(kMetadataFile), write_dcp_metadata(state_->metadata));
+  state_->folder.publish();
+}
+
+}  // namespace tandem::checkpoint
