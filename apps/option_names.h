@@ -77,7 +77,18 @@ inline const std::vector<OptionName>& option_names() {
       {"lr", "--lr"},
       {"momentum", "--momentum"},
       {"weight_decay", "--weight-decay"},
+      {"optimizer", "--optimizer"},
+      {"betas", "--betas"},
+      {"eps", "--eps"},
+      {"init_optimizer", "--init-optimizer"},
       {"zero", "--zero"},
+      // Hyper-parameters of PyTorch's optimizers that tandem train keeps at LibTorch's defaults
+      // (checkpoint/optimizer_import.h names them).
+      {"dampening", ""},
+      {"nesterov", ""},
+      {"amsgrad", ""},
+      {"alpha", ""},
+      {"centered", ""},
       // launch::LaunchOptions (`tandem run`)
       {"nproc_per_node", "--nproc-per-node"},
       {"nnodes", "--nnodes"},

@@ -83,6 +83,10 @@ struct TrainFlags {
   // Flags that only shape what another flag turns on: given without it they would do nothing, so they are refused.
   std::vector<CLI::Option*> powersgd;  // --comm-hook powersgd
   CLI::Option* timeline_steps_flag = nullptr;  // --timeline
+  // Hyper-parameters of some optimizers only.
+  CLI::Option* momentum = nullptr;  // sgd, rmsprop
+  CLI::Option* betas = nullptr;     // adam, adamw
+  CLI::Option* eps = nullptr;       // adam, adamw, rmsprop
 };
 
 // The refusals that depend on which flags were given, not only on their values.
@@ -96,6 +100,17 @@ void check_given_flags(TrainFlags& flags) {
   if (flags.timeline_steps_flag->count() > 0 && loop.timeline_path.empty()) {
     throw InvalidArgument("--timeline-steps chooses the steps that --timeline records; add --timeline FILE or drop "
                           "--timeline-steps");
+  }
+  const std::string& optimizer = flags.options.optimizer;
+  const bool adam = optimizer == "adam" || optimizer == "adamw";
+  if (flags.momentum->count() > 0 && adam) {
+    throw InvalidArgument("--momentum is sgd's and rmsprop's; --optimizer " + optimizer + " averages by --betas");
+  }
+  if (flags.betas->count() > 0 && !adam) {
+    throw InvalidArgument("--betas is adam's and adamw's; --optimizer " + optimizer + " has none: drop --betas");
+  }
+  if (flags.eps->count() > 0 && optimizer == "sgd") {
+    throw InvalidArgument("--eps is adam's, adamw's and rmsprop's; --optimizer sgd has none: drop --eps");
   }
   if (flags.options.strict && flags.options.init_weights.empty()) {
     throw InvalidArgument("--strict checks the weights that --init loads; add --init FILE or drop --strict");
@@ -202,8 +217,11 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   // A fraction, as the name says: below 0 the rate turns negative (gradient ascent), above 1 it would rise.
   command.add_option("--lrf", o.lrf, "final lr as a fraction of --lr, 0 to 1 (cosine schedule per epoch; 1: a constant rate)")->capture_default_str()->check(between(0, 1));
   // At 1 the velocity never decays: every step adds all the gradients seen so far, and the steps grow without end.
-  command.add_option("--momentum", p.momentum, "SGD momentum")->capture_default_str()->check(at_least_and_below(0, 1));
-  command.add_option("--weight-decay", p.weight_decay, "SGD weight decay")->capture_default_str()->check(at_least<float>(0));
+  command.add_option("--optimizer", p.optimizer, "sgd (the seeds'), adam, adamw (decoupled weight decay) or rmsprop: LibTorch's, with PyTorch's formulas")->capture_default_str()->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop"}));
+  flags->momentum = command.add_option("--momentum", p.momentum, "momentum of sgd and rmsprop")->capture_default_str()->check(at_least_and_below(0, 1));
+  command.add_option("--weight-decay", p.weight_decay, "weight decay (adamw: decoupled, as PyTorch's AdamW)")->capture_default_str()->check(at_least<float>(0));
+  flags->betas = command.add_option("--betas", p.betas, "B1,B2: adam's and adamw's averaging coefficients")->delimiter(',')->expected(2)->capture_default_str()->check(at_least_and_below(0, 1));
+  flags->eps = command.add_option("--eps", p.eps, "adam's, adamw's and rmsprop's term added to the denominator")->capture_default_str()->check(greater_than<float>(0));
   command.add_flag("--zero", p.zero, "ZeroRedundancyOptimizer: each rank keeps the SGD state of its share of the parameters only (about 1/world) and broadcasts them after each step; checkpoints hold the whole state");
   command.add_option("--steps", o.max_steps, "stop after this many optimizer steps (0: all epochs)")->capture_default_str()->check(at_least<int64_t>(0));
   command.add_option("--seed", o.seed, "sampler seed (as PyTorch's DistributedSampler) and initial weights")->capture_default_str()->check(at_least<uint64_t>(0));
@@ -217,6 +235,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_option("--threads", flags->threads, "intra-op threads per process (0, the default: OMP_NUM_THREADS, else cores / local ranks)")->check(between<int>(0, kMostThreads));
   command.add_option("--init,--weights", p.init_weights, "the weights to start from (mismatched tensors are skipped and listed): a safetensors file (--save-weights, a PyTorch state dict), sharded safetensors (a folder, or its model.safetensors.index.json), a tandem checkpoint, full or sharded, or a PyTorch distributed checkpoint (DCP folder; its model, under model. where it holds model and optimizer)")->check(weights_source());
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
+  command.add_flag("--init-optimizer", p.init_optimizer, "also continue the optimizer's state (moments, step counts) from --init, a PyTorch distributed checkpoint saved as {\"model\": ..., \"optimizer\": ...} (get_state_dict's layout, torchtitan's); refused where its optimizer or hyper-parameters (all but the learning rate) differ from this run's");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
   command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");

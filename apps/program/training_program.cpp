@@ -6,6 +6,8 @@
 
 #include <limits>
 
+#include "tandem/checkpoint/distributed_checkpoint.h"
+#include "tandem/checkpoint/optimizer_import.h"
 #include "tandem/checkpoint/weights.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/rank_agreement.h"
@@ -130,6 +132,19 @@ void validate_fsdp(const TrainingProgramOptions& o) {
 
 // What in-job recovery cannot carry over to a new membership, besides the loop's own refusals: a sharded
 // optimizer's state.
+// --init-optimizer reads a PyTorch distributed checkpoint's optimizer state into a plain optimizer.
+void validate_init_optimizer(const TrainingProgramOptions& o) {
+  if (o.init_weights.empty() || !checkpoint::is_distributed_checkpoint(o.init_weights)) {
+    throw InvalidArgument("--init-optimizer continues the optimizer state of a PyTorch distributed checkpoint (a "
+                          "folder with .metadata) that --init names; a tandem run dir continues its own optimizer "
+                          "state by itself (--run-dir, --resume): drop --init-optimizer, or give --init such a folder");
+  }
+  if (o.zero) {
+    throw InvalidArgument("--init-optimizer cannot be combined with --zero yet (its state would go to one optimizer "
+                          "over every parameter): drop one of them");
+  }
+}
+
 void validate_recovery(const TrainingProgramOptions& o) {
   if (o.zero) {
     throw InvalidArgument("--zero cannot be combined with tandem run's --recovery in-job: a lost rank's share of the "
@@ -139,6 +154,7 @@ void validate_recovery(const TrainingProgramOptions& o) {
 }
 
 void validate(const TrainingProgramOptions& o) {
+  if (o.init_optimizer) validate_init_optimizer(o);
   if (o.loop.in_job_recovery) validate_recovery(o);
   if (o.loop.strategy == Strategy::kFsdp) validate_fsdp(o);
   // The loop's refusal of sharded checkpoints without fsdp, before the rendezvous (it needs no world size).
@@ -164,6 +180,41 @@ void validate(const TrainingProgramOptions& o) {
                                 "threads of one"));
   }
 }
+
+namespace {
+
+// --optimizer with its hyper-parameters, as ZeroRedundancyOptimizer and a plain run both make it.
+optim::OptimizerFactory optimizer_factory(const TrainingProgramOptions& o) {
+  const std::tuple<double, double> betas{o.betas.at(0), o.betas.at(1)};
+  if (o.optimizer == "adam") {
+    return optim::make_optimizer<torch::optim::Adam>(
+        torch::optim::AdamOptions(o.lr).betas(betas).eps(o.eps).weight_decay(o.weight_decay));
+  }
+  if (o.optimizer == "adamw") {
+    return optim::make_optimizer<torch::optim::AdamW>(
+        torch::optim::AdamWOptions(o.lr).betas(betas).eps(o.eps).weight_decay(o.weight_decay));
+  }
+  if (o.optimizer == "rmsprop") {
+    return optim::make_optimizer<torch::optim::RMSprop>(
+        torch::optim::RMSpropOptions(o.lr).eps(o.eps).weight_decay(o.weight_decay).momentum(o.momentum));
+  }
+  TANDEM_CHECK(o.optimizer == "sgd", "an --optimizer that validate() let through: ", o.optimizer);
+  return optim::make_optimizer<torch::optim::SGD>(
+      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
+// --init-optimizer: every rank reads the state whole, as it read the weights.
+void import_optimizer(const TrainingProgramOptions& o, const nn::Model& model, torch::optim::Optimizer& optimizer,
+                      const comm::CommunicatorPtr& communicator) {
+  comm::run_on_all_ranks(communicator.get(), "to load --init-optimizer", [&] {
+    const checkpoint::ImportedOptimizerState imported = checkpoint::import_optimizer_state(
+        checkpoint::read_distributed_checkpoint(o.init_weights), *model.module.ptr(), optimizer, o.init_weights);
+    log::main_info("continued {}'s state from {}: {} parameters at step {} (the learning rate is this run's "
+                   "schedule's)", imported.optimizer, o.init_weights, imported.parameters, imported.step);
+  });
+}
+
+}  // namespace
 
 train::TrainResult run_training(const TrainingProgramOptions& given, const comm::CommunicatorPtr& communicator) {
   comm::Communicator* group = communicator.get();
@@ -218,13 +269,22 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
       log::warn("skipped {} unreadable training images so far (--skip-bad-images){}", images.skipped_images(), emptied);
     };
   }
-  // The seeds' SGD, sharded among the ranks with --zero.
-  const auto sgd = torch::optim::SGDOptions(options.lr).momentum(options.momentum).weight_decay(options.weight_decay);
-  const auto fit = [&](auto&& optimizer) { return loop.fit(model.module, optimizer, data.train, data.eval); };
-  train::TrainResult result =
-      options.zero ? fit(optim::ZeroRedundancyOptimizer(nn::trainable_parameters(model),
-                                                        optim::make_optimizer<torch::optim::SGD>(sgd), communicator))
-                   : fit(torch::optim::SGD(nn::trainable_parameters(model), sgd));
+  // The optimizer, sharded among the ranks with --zero; with --init-optimizer its state from --init first (fsdp
+  // then cuts its shards of it, as of any state).
+  const optim::OptimizerFactory make = optimizer_factory(options);
+  const auto fit = [&](torch::optim::Optimizer& optimizer) {
+    return loop.fit(model.module, optimizer, data.train, data.eval);
+  };
+  train::TrainResult result;
+  if (options.zero) {
+    optim::ZeroRedundancyOptimizer sharded(nn::trainable_parameters(model), make, communicator);
+    result = loop.fit(model.module, sharded, data.train, data.eval);
+  } else {
+    std::unique_ptr<torch::optim::Optimizer> optimizer =
+        make({torch::optim::OptimizerParamGroup(nn::trainable_parameters(model))});
+    if (options.init_optimizer) import_optimizer(options, model, *optimizer, communicator);
+    result = fit(*optimizer);
+  }
 
   // In-job recovery may have changed the group during the run: the one training ended with saves. A replacement
   // that the run ended without never trained, and saves nothing.

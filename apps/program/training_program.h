@@ -1,11 +1,12 @@
 #pragma once
 // `tandem train`'s program: the seeds' train_multi_GPU main(), done right, on top of the library. It opens
 // --data (data/data_folder.h), builds the --model from the registry, loads --init weights, swaps in
-// SyncBatchNorm, freezes layers, makes the seeds' SGD (sharded with --zero) and hands all of it to the training
-// loop (tandem/train/loop.h), which does the rest: DDP, the schedule, evaluation, metrics, checkpoints and
-// resume. apps/train.cpp binds the flags to these options; every rank calls run_training() with the same ones.
+// SyncBatchNorm, freezes layers, makes the optimizer (the seeds' SGD by default; sharded with --zero) and hands
+// all of it to the training loop (tandem/train/loop.h), which does the rest: DDP, the schedule, evaluation,
+// metrics, checkpoints and resume. apps/train.cpp binds the flags to these options; every rank calls run_training() with the same ones.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tandem/comm/communicator.h"
 #include "tandem/data/data_folder.h"
@@ -30,11 +31,18 @@ struct TrainingProgramOptions {
   bool strict = false;        // init_weights must match the model exactly
   bool freeze_layers = false; // train only the classifier head
   std::string save_weights;   // final weights as safetensors (rank 0)
-  // The seeds' SGD. lr is per rank: the loop multiplies it by the global batch over the run's first per-rank batch
-  // (the world size, unless a continued run changed the global batch).
+  // The optimizer: the seeds' SGD by default, or Adam, AdamW or RMSprop (PyTorch's formulas, LibTorch's classes).
+  // lr is per rank: the loop multiplies it by the global batch over the run's first per-rank batch (the world size,
+  // unless a continued run changed the global batch).
+  std::string optimizer = "sgd";  // sgd, adam, adamw or rmsprop
   double lr = 0.01;
-  double momentum = 0.9;
-  double weight_decay = 0.005;
+  double momentum = 0.9;                // sgd, rmsprop
+  double weight_decay = 0.005;          // all four (AdamW's decoupled)
+  std::vector<double> betas = {0.9, 0.999};  // adam, adamw
+  double eps = 1e-8;                    // adam, adamw, rmsprop
+  // Also start the optimizer's state (moments, step counts) from init_weights, a PyTorch distributed checkpoint
+  // saved as {"model": ..., "optimizer": ...}.
+  bool init_optimizer = false;
   bool zero = false;          // shard the SGD state among the ranks (optim/zero_redundancy_optimizer.h)
   int dp_replicas = 0;        // --strategy dp's replicas; 0: dp::replica_devices' default
 };

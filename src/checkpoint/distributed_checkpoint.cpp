@@ -146,7 +146,28 @@ DistributedCheckpointWriter::DistributedCheckpointWriter(std::string dir)
 
 DistributedCheckpointWriter::~DistributedCheckpointWriter() = default;
 
-void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorBoxData>& boxes) {
+namespace {
+
+// A flat name's path in the nested state dict, for PyTorch's readers that rebuild the nesting from the metadata
+// alone: a parameter's name keeps its dots, a param group's index is a number.
+std::vector<DcpMetadata::PathPart> nested_path(const std::string& name) {
+  const auto starts = [&](const std::string& prefix) { return name.compare(0, prefix.size(), prefix) == 0; };
+  if (starts("model.")) return {{"model"}, {name.substr(6)}};
+  if (starts("optimizer.state.")) {
+    const size_t field = name.rfind('.');
+    return {{"optimizer"}, {"state"}, {name.substr(16, field - 16)}, {name.substr(field + 1)}};
+  }
+  if (starts("optimizer.param_groups.")) {
+    const size_t index_end = name.find('.', 23);
+    return {{"optimizer"}, {"param_groups"}, {name.substr(23, index_end - 23), true}, {name.substr(index_end + 1)}};
+  }
+  return {{name}};
+}
+
+}  // namespace
+
+void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorBoxData>& boxes,
+                                             const std::vector<ByteEntry>& bytes) {
   TANDEM_CHECK(state_->ranks.insert(rank).second, "rank ", rank, "'s file written twice");
   const std::string name = fmt::format("__{}_0.distcp", rank);
   DcpMetadata& metadata = state_->metadata;
@@ -161,12 +182,15 @@ void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorB
       tensor.dtype = box.data.scalar_type();
       tensor.shape = box.shape;
       tensor.chunks.push_back({box.offsets, box.data.sizes().vec()});
-      // torchtitan's convention nests the model's state dict under "model": PyTorch's readers that rebuild the
-      // nesting from the metadata alone need each name's path.
-      const std::string prefix = "model.";
-      metadata.paths[box.name] = box.name.compare(0, prefix.size(), prefix) == 0
-                                     ? std::vector<DcpMetadata::PathPart>{{"model"}, {box.name.substr(prefix.size())}}
-                                     : std::vector<DcpMetadata::PathPart>{{box.name}};
+      metadata.paths[box.name] = nested_path(box.name);
+    }
+    for (const ByteEntry& entry : bytes) {
+      const std::string archive = torch_archive_of_value(entry.pickle);
+      append(archive.data(), archive.size());
+      metadata.storage[{entry.name, {}}] = {name, offset, archive.size()};
+      offset += archive.size();
+      metadata.byte_entries.push_back(entry.name);
+      metadata.paths[entry.name] = nested_path(entry.name);
     }
   });
 }

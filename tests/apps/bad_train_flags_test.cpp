@@ -148,6 +148,15 @@ std::vector<BadInput> bad_inputs() {
       {"CheckReplicasWithDataParallel", train_on(kTinyMnist, {"--strategy", "dp", "--check-replicas-every", "5"}),
        {"--check-replicas-every compares the ranks' replicas, and --strategy dp", "drop --check-replicas-every"}},
       {"StrictWithoutInit", train_on(kTinyMnist, {"--strict"}), {"--strict checks the weights that --init loads"}},
+      // Hyper-parameters of another optimizer than the one trained with (issue 44).
+      {"MomentumWithAdamw", train_on(kTinyMnist, {"--optimizer", "adamw", "--momentum", "0.5"}),
+       {"--momentum is sgd's and rmsprop's; --optimizer adamw averages by --betas"}},
+      {"BetasWithSgd", train_on(kTinyMnist, {"--betas", "0.8,0.99"}), {"--betas is adam's and adamw's", "drop --betas"}},
+      {"EpsWithSgd", train_on(kTinyMnist, {"--eps", "1e-6"}), {"--eps is adam's, adamw's and rmsprop's", "drop --eps"}},
+      {"OneBeta", train_on(kTinyMnist, {"--optimizer", "adam", "--betas", "0.9"}), {"--betas"}},
+      {"UnknownOptimizer", train_on(kTinyMnist, {"--optimizer", "lamb"}), {"--optimizer: lamb not in"}},
+      {"InitOptimizerWithoutADistributedCheckpoint", train_on(kTinyMnist, {"--init-optimizer"}),
+       {"--init-optimizer continues the optimizer state of a PyTorch distributed checkpoint", "drop --init-optimizer"}},
       // CLI11 read any whole number as a bool: 2 was true.
       {"ReshardAfterForwardNotABool", train({"--strategy", "fsdp", "--reshard-after-forward", "2"}),
        {"--reshard-after-forward: must be true or false, not 2"}},

@@ -35,6 +35,12 @@ struct TensorBoxData {
   torch::Tensor data;
 };
 
+// A bytes entry: an object PyTorch pickles (an optimizer's hyper-parameter), as a pickle of protocol 2.
+struct ByteEntry {
+  std::string name;
+  std::string pickle;
+};
+
 // Writes a DCP folder one `.distcp` file at a time (a rank's boxes each), then its metadata. Nothing appears at
 // `dir` until finish(): the files are written into `dir.tmp.<pid>`, synced and renamed. `dir` must not exist.
 class DistributedCheckpointWriter {
@@ -42,8 +48,10 @@ class DistributedCheckpointWriter {
   explicit DistributedCheckpointWriter(std::string dir);
   ~DistributedCheckpointWriter();
 
-  // Writes `__<rank>_0.distcp` with these boxes; every tensor's boxes, over all files, must tile it.
-  void write_file(int rank, const std::vector<TensorBoxData>& boxes);
+  // Writes `__<rank>_0.distcp` with these boxes and bytes entries; every tensor's boxes, over all files, must tile
+  // it. Names are flat, as get_state_dict's {"model": ..., "optimizer": ...} flattens: `model.<parameter>`,
+  // `optimizer.state.<parameter>.<field>`, `optimizer.param_groups.<i>.<key>`.
+  void write_file(int rank, const std::vector<TensorBoxData>& boxes, const std::vector<ByteEntry>& bytes = {});
   void finish();
 
  private:
