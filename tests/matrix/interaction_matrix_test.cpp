@@ -31,7 +31,7 @@ constexpr int kEpochs = 2;
 
 // The factors in the cells table's column order (after the cell number), with their values from the docs.
 const std::vector<std::string> kFactors{"ranks", "strategy", "precision", "uneven", "accumulate",
-                                        "comm hook", "sync-bn", "resume", "recovery"};
+                                        "comm hook", "sync-bn", "resume", "recovery", "optimizer"};
 
 struct Cell {
   int id = 0;
@@ -151,7 +151,7 @@ CellRun command_for(const Cell& cell, const std::string& data, const std::string
   if (cell.in_job()) run.launcher_args.insert(run.launcher_args.end(), {"--recovery", "in-job"});
   run.train_args = {"--data", data, "--model", cell.data_parallel() ? "cnn" : "cnn-bn", "--epochs",
                     std::to_string(kEpochs), "--batch-size", std::to_string(kBatch), "--threads", "1", "--seed", "3",
-                    "--timeout", "60"};
+                    "--timeout", "60", "--optimizer", cell.at("optimizer")};
   // fsdp's ranks hold different shards, no replicas to compare, and dp's one process copies its replicas from its
   // model at every step (both refusals are rows of bad_train_flags_test).
   if (cell.at("strategy") == "fsdp") {
