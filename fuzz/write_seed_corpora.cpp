@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "fuzz/checkpoint_model.h"
+#include "src/checkpoint/dcp_metadata.h"
+#include "src/checkpoint/pickle.h"
+#include "src/checkpoint/torch_archive.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/image.h"
@@ -95,6 +98,28 @@ void write_checkpoint_seeds(const fs::path& dir) {
                                       state);
 }
 
+// A distributed checkpoint's metadata and its items, as tandem writes them for PyTorch.
+void write_pickle_seeds(const fs::path& dir) {
+  tandem::checkpoint::DcpMetadata metadata;
+  metadata.tensors["model.fc.weight"] = {torch::kFloat32, {4, 3}, {{{0, 0}, {2, 3}}, {{2, 0}, {2, 3}}}};
+  metadata.storage[{"model.fc.weight", {0, 0}}] = {"__0_0.distcp", 0, 1600};
+  metadata.storage[{"model.fc.weight", {2, 0}}] = {"__1_0.distcp", 0, 1600};
+  metadata.byte_entries.push_back("optimizer.param_groups.0.lr");
+  metadata.storage[{"optimizer.param_groups.0.lr", {}}] = {"__0_0.distcp", 1600, 900};
+  metadata.paths["model.fc.weight"] = {{"model"}, {"fc.weight"}};
+  std::ofstream(dir / "metadata", std::ios::binary) << tandem::checkpoint::write_dcp_metadata(metadata);
+  std::ofstream tensor_archive(dir / "tensor_archive", std::ios::binary);
+  const auto to = [](std::ofstream& out) { return [&out](std::string_view bytes) { out << bytes; }; };
+  tandem::checkpoint::write_torch_archive_of_tensor(torch::arange(12, torch::kFloat32).view({3, 4}).t(),
+                                                    to(tensor_archive));
+  tandem::checkpoint::PickleWriter value;
+  value.real(0.9);
+  value.real(0.999);
+  value.tuple(2);
+  std::ofstream value_archive(dir / "value_archive", std::ios::binary);
+  tandem::checkpoint::write_torch_archive_of_value(value.finish(), to(value_archive));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +133,7 @@ int main(int argc, char** argv) {
       {"safetensors_reader", write_safetensors_seeds},
       {"image_decoder", write_image_seeds},
       {"checkpoint_reader", write_checkpoint_seeds},
+      {"pickle_reader", write_pickle_seeds},
   };
   try {
     for (const auto& [name, write] : seeds) {

@@ -214,7 +214,7 @@ std::string write_dcp_metadata(const DcpMetadata& metadata) {
     pickle.mark();
     for (const auto& [name, tensor] : metadata.tensors) {
       pickle.string(name);
-      write_dataclass(pickle, kMetadataModule, "TensorStorageMetadata", [&] {
+      write_dataclass(pickle, kMetadataModule, "TensorStorageMetadata", [&pickle, &tensor = tensor] {
         pickle.string("properties");
         write_properties(pickle, tensor.dtype);
         pickle.string("size");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include "dcp_metadata.h"
 #include "folder_output.h"
@@ -34,8 +35,10 @@ std::ifstream open_checkpoint_file(const std::string& path) {
   return in;
 }
 
-// The bytes [offset, offset + length) of a file of the checkpoint, or the whole file when length is -1.
-std::string read_checkpoint_bytes(const std::string& path, uint64_t offset, int64_t length) {
+// The bytes [offset, offset + length) of a file of the checkpoint, or the whole file when length is -1, read into
+// `Buffer` (a std::string, or a uint8 tensor whose memory a piece's tensor then shares).
+template <typename Buffer>
+Buffer read_checkpoint_bytes(const std::string& path, uint64_t offset, int64_t length) {
   std::ifstream in = open_checkpoint_file(path);
   in.seekg(0, std::ios::end);
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -44,9 +47,17 @@ std::string read_checkpoint_bytes(const std::string& path, uint64_t offset, int6
     throw InvalidArgument(fmt::format("{}: cut short: the metadata places a piece at bytes [{}, {}) of its {} bytes",
                                       path, offset, offset + wanted, size));
   }
-  std::string bytes(wanted, '\0');
+  Buffer bytes;
+  char* data = nullptr;
+  if constexpr (std::is_same_v<Buffer, std::string>) {
+    bytes.resize(wanted);
+    data = bytes.data();
+  } else {
+    bytes = torch::empty({static_cast<int64_t>(wanted)}, torch::kUInt8);
+    data = static_cast<char*>(bytes.data_ptr());
+  }
   in.seekg(static_cast<std::streamoff>(offset));
-  if (!in.read(bytes.data(), static_cast<std::streamsize>(wanted))) throw Error(path + ": cannot read it");
+  if (!in.read(data, static_cast<std::streamsize>(wanted))) throw Error(path + ": cannot read it");
   return bytes;
 }
 
@@ -94,7 +105,7 @@ bool is_distributed_checkpoint(const std::string& path) {
 
 TensorFile read_distributed_checkpoint(const std::string& dir) {
   const std::string metadata_path = dir + "/" + kMetadataFile;
-  const DcpMetadata metadata = parse_dcp_metadata(read_checkpoint_bytes(metadata_path, 0, -1), metadata_path);
+  const DcpMetadata metadata = parse_dcp_metadata(read_checkpoint_bytes<std::string>(metadata_path, 0, -1), metadata_path);
   const auto place_of = [&](const std::string& name, const std::vector<int64_t>& offsets) -> const DcpStorage& {
     const auto found = metadata.storage.find({name, offsets});
     if (found == metadata.storage.end()) {
@@ -112,10 +123,11 @@ TensorFile read_distributed_checkpoint(const std::string& dir) {
       const std::string path = piece_file(dir, place, metadata_path);
       const std::string source = fmt::format("{} (the piece of '{}' at {})", path, name, chunk.offsets);
       // PyTorch's safetensors serialization puts each rank's pieces in one safetensors file, under their names.
-      torch::Tensor piece = is_zip(path) ? read_torch_archive_tensor(read_checkpoint_bytes(path, place.offset,
-                                                                                           static_cast<int64_t>(place.length)),
-                                                                     source)
-                                         : SafetensorsReader(path).read(name);
+      torch::Tensor piece =
+          is_zip(path) ? read_torch_archive_tensor(
+                             read_checkpoint_bytes<torch::Tensor>(path, place.offset, static_cast<int64_t>(place.length)),
+                             source)
+                       : SafetensorsReader(path).read(name);
       if (piece.sizes() != c10::IntArrayRef(chunk.sizes)) {
         throw InvalidArgument(fmt::format("{}: holds a piece of shape {} where the metadata says {} (the checkpoint's "
                                           "files are not of one save)", source, piece.sizes(), chunk.sizes));
@@ -128,7 +140,8 @@ TensorFile read_distributed_checkpoint(const std::string& dir) {
     const DcpStorage& place = place_of(name, {});
     const std::string path = piece_file(dir, place, metadata_path);
     const PickleDocument value = read_torch_archive_value(
-        read_checkpoint_bytes(path, place.offset, static_cast<int64_t>(place.length)), path + " (entry '" + name + "')");
+        read_checkpoint_bytes<std::string>(path, place.offset, static_cast<int64_t>(place.length)),
+        path + " (entry '" + name + "')");
     file.metadata[name] = rendered(value.root());
   }
   return file;
@@ -173,11 +186,11 @@ void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorB
   DcpMetadata& metadata = state_->metadata;
   write_file_atomically(state_->folder.path(name), [&](const FileAppender& append) {
     uint64_t offset = 0;
+    const auto to_file = [&](std::string_view bytes) { append(bytes.data(), bytes.size()); };
     for (const TensorBoxData& box : boxes) {
-      const std::string archive = torch_archive_of_tensor(box.data);
-      append(archive.data(), archive.size());
-      metadata.storage[{box.name, box.offsets}] = {name, offset, archive.size()};
-      offset += archive.size();
+      const uint64_t size = write_torch_archive_of_tensor(box.data, to_file);
+      metadata.storage[{box.name, box.offsets}] = {name, offset, size};
+      offset += size;
       DcpTensor& tensor = metadata.tensors[box.name];
       tensor.dtype = box.data.scalar_type();
       tensor.shape = box.shape;
@@ -185,10 +198,9 @@ void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorB
       metadata.paths[box.name] = nested_path(box.name);
     }
     for (const ByteEntry& entry : bytes) {
-      const std::string archive = torch_archive_of_value(entry.pickle);
-      append(archive.data(), archive.size());
-      metadata.storage[{entry.name, {}}] = {name, offset, archive.size()};
-      offset += archive.size();
+      const uint64_t size = write_torch_archive_of_value(entry.pickle, to_file);
+      metadata.storage[{entry.name, {}}] = {name, offset, size};
+      offset += size;
       metadata.byte_entries.push_back(entry.name);
       metadata.paths[entry.name] = nested_path(entry.name);
     }

@@ -100,13 +100,18 @@ std::vector<StoredZipEntry> read_stored_zip(std::string_view bytes, const std::s
   return entries;
 }
 
-std::string write_stored_zip(const std::vector<std::pair<std::string, std::string_view>>& records) {
-  std::string out;
+uint64_t write_stored_zip(const std::vector<std::pair<std::string, std::string_view>>& records,
+                          const std::function<void(std::string_view)>& append) {
+  uint64_t written = 0;
+  const auto put = [&](std::string_view bytes) {
+    append(bytes);
+    written += bytes.size();
+  };
   std::string directory;
   for (const auto& [name, data] : records) {
     TANDEM_CHECK(data.size() < 0xffffffffu && name.size() < 0xffff, "a zip record over 4 GiB: ", name);
     const uint32_t crc = crc_of(data);
-    const size_t local_at = out.size();
+    const uint64_t local_at = written;
     // Padding in an extra field of PyTorch's id "FB" puts the data at a multiple of 64 bytes.
     const size_t unpadded = local_at + kLocalHeaderBytes + name.size() + 4;
     const size_t padding = (kAlignment - unpadded % kAlignment) % kAlignment;
@@ -131,25 +136,28 @@ std::string write_stored_zip(const std::vector<std::pair<std::string, std::strin
       }
       to += name;
     };
-    header(out, false);
-    put_zip_number(out, 0x4246, 2);  // "FB"
-    put_zip_number(out, padding, 2);
-    out.append(padding, 'Z');
-    out.append(data);
+    std::string local;
+    header(local, false);
+    put_zip_number(local, 0x4246, 2);  // "FB"
+    put_zip_number(local, padding, 2);
+    local.append(padding, 'Z');
+    put(local);
+    put(data);
     header(directory, true);
   }
-  TANDEM_CHECK(out.size() < 0xffffffffu, "a zip archive over 4 GiB");
-  const size_t directory_at = out.size();
-  out += directory;
-  put_zip_number(out, kEndOfCentralDirectory, 4);
-  put_zip_number(out, 0, 2);
-  put_zip_number(out, 0, 2);
-  put_zip_number(out, records.size(), 2);
-  put_zip_number(out, records.size(), 2);
-  put_zip_number(out, directory.size(), 4);
-  put_zip_number(out, directory_at, 4);
-  put_zip_number(out, 0, 2);
-  return out;
+  TANDEM_CHECK(written < 0xffffffffu, "a zip archive over 4 GiB");
+  const uint64_t directory_at = written;
+  std::string end = directory;
+  put_zip_number(end, kEndOfCentralDirectory, 4);
+  put_zip_number(end, 0, 2);
+  put_zip_number(end, 0, 2);
+  put_zip_number(end, records.size(), 2);
+  put_zip_number(end, records.size(), 2);
+  put_zip_number(end, directory.size(), 4);
+  put_zip_number(end, directory_at, 4);
+  put_zip_number(end, 0, 2);
+  put(end);
+  return written;
 }
 
 }  // namespace tandem::checkpoint

@@ -2,6 +2,7 @@
 // The zip container of PyTorch's `torch.save` archives, as PyTorch writes it: every entry stored, uncompressed,
 // its data aligned to 64 bytes by padding in the local header's extra field. Internal to checkpoint/.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,7 +20,9 @@ struct StoredZipEntry {
 // checksum that does not match, zip64.
 std::vector<StoredZipEntry> read_stored_zip(std::string_view bytes, const std::string& source);
 
-// A zip of the named records, in order, each stored and aligned to 64 bytes. Records must stay under 4 GiB.
-std::string write_stored_zip(const std::vector<std::pair<std::string, std::string_view>>& records);
+// Writes a zip of the named records, in order, each stored and aligned to 64 bytes, through `append` (the records'
+// data go to it as they are, uncopied); returns its size. Records must stay under 4 GiB.
+uint64_t write_stored_zip(const std::vector<std::pair<std::string, std::string_view>>& records,
+                          const std::function<void(std::string_view)>& append);
 
 }  // namespace tandem::checkpoint

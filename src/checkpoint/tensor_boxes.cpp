@@ -10,10 +10,7 @@ namespace tandem::checkpoint {
 
 TensorAssembly::TensorAssembly(std::string name, std::vector<int64_t> shape, torch::ScalarType dtype,
                                std::string source)
-    : name_(std::move(name)), source_(std::move(source)) {
-  tensor_ = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  covered_ = torch::zeros(shape, torch::TensorOptions().dtype(torch::kUInt8));
-}
+    : name_(std::move(name)), source_(std::move(source)), shape_(std::move(shape)), dtype_(dtype) {}
 
 torch::Tensor TensorAssembly::region(torch::Tensor whole, const std::vector<int64_t>& offsets,
                                      c10::IntArrayRef sizes) const {
@@ -23,7 +20,7 @@ torch::Tensor TensorAssembly::region(torch::Tensor whole, const std::vector<int6
 
 void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tensor& piece) {
   const c10::IntArrayRef sizes = piece.sizes();
-  const auto shape = tensor_.sizes();
+  const c10::IntArrayRef shape = shape_;
   bool inside = offsets.size() == shape.size() && sizes.size() == shape.size();
   for (size_t d = 0; inside && d < shape.size(); ++d) {
     inside = offsets[d] >= 0 && sizes[d] <= shape[d] && offsets[d] <= shape[d] - sizes[d];
@@ -31,6 +28,19 @@ void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tenso
   if (!inside) {
     throw InvalidArgument(fmt::format("{}: a piece of '{}' at {} of shape {} lies outside its shape {} (the "
                                       "checkpoint is damaged)", source_, name_, offsets, sizes, shape));
+  }
+  if (!whole_.defined() && !tensor_.defined() && sizes == shape) {
+    whole_ = piece.scalar_type() == dtype_ ? piece : piece.to(dtype_);
+    return;
+  }
+  if (!tensor_.defined()) {
+    tensor_ = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+    covered_ = torch::zeros(shape_, torch::TensorOptions().dtype(torch::kUInt8));
+    if (whole_.defined()) {  // a second box after one that covered everything overlaps it
+      tensor_.copy_(whole_);
+      covered_.fill_(1);
+      whole_ = torch::Tensor();
+    }
   }
   torch::Tensor covered = region(covered_, offsets, sizes);
   if (covered.numel() > 0 && covered.any().item<bool>()) {
@@ -42,6 +52,11 @@ void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tenso
 }
 
 torch::Tensor TensorAssembly::finish() {
+  if (whole_.defined()) return whole_;
+  if (!tensor_.defined()) {
+    tensor_ = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+    covered_ = torch::zeros(shape_, torch::TensorOptions().dtype(torch::kUInt8));
+  }
   const int64_t written = covered_.sum().item<int64_t>();
   if (written != tensor_.numel()) {
     throw InvalidArgument(fmt::format("{}: the pieces of '{}' cover {} of its {} elements (a piece is missing: the "

@@ -11,7 +11,8 @@
 namespace tandem::checkpoint {
 
 // A whole tensor put together from boxes, each checked to lie inside it and to overlap no other; finish() checks
-// that they covered it. Errors are InvalidArgument beginning with `source` and naming the tensor.
+// that they covered it. A first box that covers the whole tensor is taken as it is, uncopied (a tensor saved
+// whole). Errors are InvalidArgument beginning with `source` and naming the tensor.
 class TensorAssembly {
  public:
   TensorAssembly(std::string name, std::vector<int64_t> shape, torch::ScalarType dtype, std::string source);
@@ -25,7 +26,10 @@ class TensorAssembly {
 
   std::string name_;
   std::string source_;
-  torch::Tensor tensor_;
+  std::vector<int64_t> shape_;
+  torch::ScalarType dtype_;
+  torch::Tensor whole_;     // a first box that covered everything
+  torch::Tensor tensor_;    // else the tensor the boxes are copied into, made at the first box
   torch::Tensor covered_;  // one byte per element: 1 once a box wrote it
 };
 

@@ -88,17 +88,19 @@ std::vector<int64_t> integers_of(const PickleValue* tuple, const std::string& so
 }
 
 // A value's archive has no storage record; a tensor's has one, "0", also when it is empty.
-std::string archive_of(const std::string& pickle, const std::string_view* storage) {
+uint64_t write_archive(const std::string& pickle, const std::string_view* storage, const ArchiveAppender& append) {
   std::vector<std::pair<std::string, std::string_view>> records = {{"archive/data.pkl", pickle},
                                                                    {"archive/byteorder", "little"}};
   if (storage != nullptr) records.emplace_back("archive/data/0", *storage);
   records.emplace_back("archive/version", "3\n");
-  return write_stored_zip(records);
+  return write_stored_zip(records, append);
 }
 
 }  // namespace
 
-torch::Tensor read_torch_archive_tensor(std::string_view bytes, const std::string& source) {
+torch::Tensor read_torch_archive_tensor(const torch::Tensor& raw, const std::string& source) {
+  TANDEM_CHECK(raw.scalar_type() == torch::kUInt8 && raw.dim() == 1 && raw.is_contiguous(), "archive bytes of uint8");
+  const std::string_view bytes(static_cast<const char*>(raw.data_ptr()), static_cast<size_t>(raw.numel()));
   const ArchiveRecords records(bytes, source);
   records.require_little_endian();
   const PickleDocument document = read_pickle(records.get("data.pkl"), tensor_globals(), source);
@@ -140,10 +142,17 @@ torch::Tensor read_torch_archive_tensor(std::string_view bytes, const std::strin
     furthest += static_cast<__int128>(size[d] - 1) * stride[d];
   }
   if (!empty && (offset < 0 || furthest >= numel)) throw wrong("its view reaches outside its storage");
-  torch::Tensor flat = torch::empty({numel}, torch::TensorOptions().dtype(type));
-  if (!data.empty()) std::memcpy(flat.data_ptr(), data.data(), data.size());
-  if (empty) return torch::empty(size, flat.options());
-  return flat.as_strided(size, stride, offset).contiguous();
+  if (empty) return torch::empty(size, torch::TensorOptions().dtype(type));
+  // The storage where it lies in `raw`, unless misaligned for its dtype (an archive of another writer), then a copy.
+  const int64_t at = static_cast<int64_t>(data.data() - bytes.data());
+  torch::Tensor flat;
+  if (at % element_bytes == 0) {
+    flat = raw.narrow(0, at, static_cast<int64_t>(data.size())).view(type);
+  } else {
+    flat = torch::empty({numel}, torch::TensorOptions().dtype(type));
+    std::memcpy(flat.data_ptr(), data.data(), data.size());
+  }
+  return flat.as_strided(size, stride, flat.storage_offset() + offset).contiguous();
 }
 
 PickleDocument read_torch_archive_value(std::string_view bytes, const std::string& source) {
@@ -151,7 +160,7 @@ PickleDocument read_torch_archive_value(std::string_view bytes, const std::strin
   return read_pickle(records.get("data.pkl"), {}, source);
 }
 
-std::string torch_archive_of_tensor(const torch::Tensor& tensor) {
+uint64_t write_torch_archive_of_tensor(const torch::Tensor& tensor, const ArchiveAppender& append) {
   const torch::Tensor data = tensor.detach().to(torch::kCPU).contiguous();
   const char* storage_name = nullptr;
   for (const auto& known : kStorages) {
@@ -182,9 +191,11 @@ std::string torch_archive_of_tensor(const torch::Tensor& tensor) {
   pickle.tuple_from_mark();
   pickle.reduce();
   const std::string_view bytes(static_cast<const char*>(data.data_ptr()), data.numel() * data.element_size());
-  return archive_of(pickle.finish(), &bytes);
+  return write_archive(pickle.finish(), &bytes, append);
 }
 
-std::string torch_archive_of_value(const std::string& pickle) { return archive_of(pickle, nullptr); }
+uint64_t write_torch_archive_of_value(const std::string& pickle, const ArchiveAppender& append) {
+  return write_archive(pickle, nullptr, append);
+}
 
 }  // namespace tandem::checkpoint

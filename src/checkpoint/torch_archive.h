@@ -5,6 +5,7 @@
 // and `version`. Internal to checkpoint/.
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,14 +13,18 @@
 
 namespace tandem::checkpoint {
 
-// The tensor an archive holds, contiguous on the CPU. Throws InvalidArgument beginning with `source` when the bytes
-// are not such an archive or its pickle names anything but a tensor's rebuild.
-torch::Tensor read_torch_archive_tensor(std::string_view bytes, const std::string& source);
+// The tensor the archive in `bytes` (a one-dimensional uint8 tensor on the CPU) holds, contiguous: a view into
+// `bytes` where the stored layout is already contiguous, so that a large piece is read once and never copied.
+// Throws InvalidArgument beginning with `source` when the bytes are not such an archive or its pickle names anything
+// but a tensor's rebuild.
+torch::Tensor read_torch_archive_tensor(const torch::Tensor& bytes, const std::string& source);
 // The plain value an archive holds (a number, a string, a tuple or list of them): its pickle, read bounded.
 PickleDocument read_torch_archive_value(std::string_view bytes, const std::string& source);
 
-// The archive of one tensor (saved contiguous, as PyTorch's readers expect), and of one plain value already pickled.
-std::string torch_archive_of_tensor(const torch::Tensor& tensor);
-std::string torch_archive_of_value(const std::string& pickle);
+// Writes the archive of one tensor (saved contiguous, as PyTorch's readers expect; its data handed to `append`
+// uncopied), or of one plain value already pickled; returns the archive's size.
+using ArchiveAppender = std::function<void(std::string_view)>;
+uint64_t write_torch_archive_of_tensor(const torch::Tensor& tensor, const ArchiveAppender& append);
+uint64_t write_torch_archive_of_value(const std::string& pickle, const ArchiveAppender& append);
 
 }  // namespace tandem::checkpoint

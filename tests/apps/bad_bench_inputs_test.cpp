@@ -194,6 +194,16 @@ std::vector<BadInput> bad_inputs() {
        {"--kill-after 50 must be below --steps 50"}},
       {"RecoveryUnknownComparison", bench_recovery({"--compare", "horovod"}), {"--compare", "horovod"}},
       {"RecoveryOneRank", bench_recovery({"--ranks", "1"}), {"--ranks", "not 1"}},
+      // bench checkpoint: the model's size, the folder, the comparison
+      {"CheckpointParamsNotACount", {"bench", "checkpoint", "--mlp-params", "lots"},
+       {"--mlp-params: must be a count such as 250M or 1G, not lots"}},
+      {"CheckpointBeyondMemory", {"bench", "checkpoint", "--mlp-params", "1000G"},
+       {"--mlp-params 1000000000000 makes a checkpoint of", "lower --mlp-params"}},
+      {"CheckpointMissingFolder", {"bench", "checkpoint", "--mlp-params", "1M", "--mlp-width", "256", "--dir", "/nonexistent-dir"},
+       {"--dir /nonexistent-dir is not a folder"}},
+      {"CheckpointUnknownComparison", {"bench", "checkpoint", "--compare", "orbax"}, {"--compare", "orbax"}},
+      {"CheckpointScriptWithoutCompare", {"bench", "checkpoint", "--pytorch-script", "/nonexistent/x.py"},
+       {"--pytorch-script is only read with --compare pytorch"}},
   };
   if (!TANDEM_HAVE_NCCL) {
     rows.push_back({"TrainNcclWithoutNccl", bench_train({"--backend", "nccl"}), {"--backend", "nccl"}});

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "fuzz/checkpoint_model.h"
+#include "fuzz/pickle_reader.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/idx_file.h"
@@ -61,6 +63,13 @@ TEST(FuzzRegressions, CheckpointReader) {
   expect_read_or_invalid_argument("checkpoint_reader", [](const std::string& path) {
     fuzz::CheckpointModel target;
     checkpoint::load_checkpoint(path, *target.model, target.optimizer);
+  });
+}
+
+TEST(FuzzRegressions, PickleReader) {
+  expect_read_or_invalid_argument("pickle_reader", [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    fuzz::read_pytorch_pickles(std::string(std::istreambuf_iterator<char>(in), {}));
   });
 }
 
