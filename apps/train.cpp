@@ -237,7 +237,7 @@ const CommandRegistration kRegisterTrain("train", "train a model on MNIST files 
   command.add_flag("--strict", p.strict, "--init must match the model exactly");
   command.add_flag("--init-optimizer", p.init_optimizer, "also continue the optimizer's state (moments, step counts) from --init, a PyTorch distributed checkpoint saved as {\"model\": ..., \"optimizer\": ...} (get_state_dict's layout, torchtitan's); refused where its optimizer or hyper-parameters (all but the learning rate) differ from this run's");
   command.add_flag("--freeze-layers", p.freeze_layers, "train only the classifier head (fc for ResNet)");
-  command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names)");
+  command.add_option("--save-weights", p.save_weights, "write the final weights as safetensors (PyTorch names); a path ending in / writes a new folder of sharded safetensors with model.safetensors.index.json, as Hugging Face publishes large models");
   command.add_option("--run-dir", o.run_dir, "checkpoints and metrics.jsonl (default: runs/<timestamp>, or runs/<run id> under tandem run, shared by its restarts); a run dir that holds a checkpoint is continued from its newest one");
   command.add_flag("--resume", o.resume, "continue the newest run under runs/ (with --run-dir: fail unless it holds a checkpoint), on any world size and --batch-size; --seed, --epochs, --no-shuffle and the data must stay");
   command.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every this many steps inside an epoch, holding the sampler's position (0: at epoch ends only)")->capture_default_str()->check(at_least<int64_t>(0));

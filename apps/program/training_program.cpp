@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <limits>
 
 #include "tandem/checkpoint/distributed_checkpoint.h"
@@ -183,6 +184,19 @@ void validate(const TrainingProgramOptions& o) {
 
 namespace {
 
+// --save-weights: a file, or with a trailing '/' a new folder of sharded safetensors (checkpoint/weights.h).
+void require_weights_output(const std::string& path) {
+  if (path.back() != '/') {
+    require_writable_file("--save-weights", path);
+    return;
+  }
+  if (std::filesystem::exists(path)) {
+    throw InvalidArgument(fmt::format("--save-weights {}: exists already, and a run's data is never overwritten; name "
+                                      "a new folder (a path ending in '/' writes sharded safetensors into one)", path));
+  }
+  require_creatable_folder("--save-weights", path);
+}
+
 // --optimizer with its hyper-parameters, as ZeroRedundancyOptimizer and a plain run both make it.
 optim::OptimizerFactory optimizer_factory(const TrainingProgramOptions& o) {
   const std::tuple<double, double> betas{o.betas.at(0), o.betas.at(1)};
@@ -242,7 +256,7 @@ train::TrainResult run_training(const TrainingProgramOptions& given, const comm:
   comm::run_on_all_ranks(group, "to check the output paths and load the data set", [&] {
     if (is_main) {
       train::check_run_outputs(options.loop);
-      if (!options.save_weights.empty()) require_writable_file("--save-weights", options.save_weights);
+      if (!options.save_weights.empty()) require_weights_output(options.save_weights);
     }
     data = data::open_data_folder(options.data);
   });

@@ -108,7 +108,10 @@ uint64_t write_stored_zip(const std::vector<std::pair<std::string, std::string_v
     written += bytes.size();
   };
   std::string directory;
-  for (const auto& [name, data] : records) {
+  for (const auto& record : records) {
+    // Named, not bound: the header lambda below captures them (clang 14 cannot capture structured bindings).
+    const std::string& name = record.first;
+    const std::string_view data = record.second;
     TANDEM_CHECK(data.size() < 0xffffffffu && name.size() < 0xffff, "a zip record over 4 GiB: ", name);
     const uint32_t crc = crc_of(data);
     const uint64_t local_at = written;

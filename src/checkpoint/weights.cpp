@@ -3,6 +3,7 @@
 #include <set>
 #include <string_view>
 
+#include "tandem/checkpoint/sharded_safetensors.h"
 #include "tandem/fsdp/parameter_use_watch.h"
 #include "tandem/util/error.h"
 
@@ -36,6 +37,10 @@ void save_weights(const torch::nn::Module& module, const std::string& path,
                             ", which fsdp shards over the ranks (this rank holds a placeholder); gather the weights "
                             "with full_parameters() on every rank and save those, or write a checkpoint");
     }
+  }
+  if (!path.empty() && path.back() == '/') {
+    write_sharded_safetensors(path, named_state(module));
+    return;
   }
   auto meta = metadata;
   meta.emplace("format", "pt");  // what Hugging Face tools expect from PyTorch weights

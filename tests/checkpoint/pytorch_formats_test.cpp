@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include <torch/nn/modules/linear.h>
+
 #include "src/checkpoint/pickle.h"
 #include "src/checkpoint/tensor_boxes.h"
 #include "support/scratch_dir.h"
 #include "support/tiny_datasets.h"
 #include "tandem/checkpoint/distributed_checkpoint.h"
 #include "tandem/checkpoint/sharded_safetensors.h"
+#include "tandem/checkpoint/weights.h"
 #include "tandem/util/error.h"
 
 namespace tandem::checkpoint {
@@ -212,6 +215,19 @@ TEST(ShardedSafetensors, WrittenInFilesOfAtMostTheSizeGivenReadsBackThroughItsIn
   fs::remove(dir + "/model-00002-of-00003.safetensors");
   const std::string message = message_of([&] { read_sharded_safetensors(dir); });
   EXPECT_NE(message.find("model-00002-of-00003.safetensors: missing (the index"), std::string::npos) << message;
+}
+
+// --save-weights DIR/: the model's state dict as a folder of sharded safetensors.
+TEST(ShardedSafetensors, WeightsSavedToAPathEndingInASlashAreAFolderOfShardsWithAnIndex) {
+  const std::string dir = testing::make_temp_dir("sharded_weights") + "/weights/";
+  torch::manual_seed(0);
+  torch::nn::Linear model(7, 3);
+  save_weights(*model, dir);
+  EXPECT_TRUE(fs::exists(dir + kShardedSafetensorsIndex));
+  const TensorFile file = read_model_weights(dir);
+  ASSERT_EQ(file.tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(file.find("weight"), model->weight));
+  EXPECT_TRUE(torch::equal(file.find("bias"), model->bias));
 }
 
 // PyTorch's Hugging Face writer saves each rank's pieces with their offsets in DCP_SHARDING_INFO.

@@ -17,6 +17,8 @@ namespace tandem::checkpoint {
 // The module's parameters and buffers by their dotted names (its state dict), detached.
 std::vector<std::pair<std::string, torch::Tensor>> named_state(const torch::nn::Module& module);
 
+// A path ending in '/' names a new folder of sharded safetensors (sharded_safetensors.h: files of at most 5 GB and
+// their index, as Hugging Face publishes large models); any other path one safetensors file.
 void save_weights(const torch::nn::Module& module, const std::string& path,
                   const std::map<std::string, std::string>& metadata = {});
 
