@@ -45,8 +45,8 @@ std::vector<BadInput> bad_inputs() {
       {"UnknownFlagBeforeTheCommand", {"--bogus"},
        {"tandem: error: unknown flag '--bogus'", "the commands are bench, convert, export-images, report, run, train"}},
       {"UnknownCommandOfACommand", {"bench", "allreduse"},
-       {"bench: unknown command 'allreduse': did you mean 'allreduce'? The commands are allreduce, data, memory, overhead, recovery, rendezvous, train"}},
-      {"NoCommandOfACommand", {"bench"}, {"bench: a command is required; the commands are allreduce, data, memory, overhead, recovery, rendezvous, train"}},
+       {"bench: unknown command 'allreduse': did you mean 'allreduce'? The commands are allreduce, checkpoint, data, memory, overhead, recovery, rendezvous, train"}},
+      {"NoCommandOfACommand", {"bench"}, {"bench: a command is required; the commands are allreduce, checkpoint, data, memory, overhead, recovery, rendezvous, train"}},
       // tandem report
       {"ReportOnAFile", {"report", a_file}, {"tandem: error: ", a_file, "is a file, not a run directory", "--run-dir"}},
       {"ReportOnAFolderWithoutMetrics", {"report", fixture("empty_folder")},
