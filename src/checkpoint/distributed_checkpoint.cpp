@@ -183,6 +183,18 @@ void DistributedCheckpointWriter::write_file(int rank, const std::vector<TensorB
                                              const std::vector<ByteEntry>& bytes) {
   TANDEM_CHECK(state_->ranks.insert(rank).second, "rank ", rank, "'s file written twice");
   const std::string name = fmt::format("__{}_0.distcp", rank);
+  // Each piece is a zip archive of its own, whose sizes are 32-bit without zip64 (which this writer does not write):
+  // refused before the file is begun.
+  constexpr uint64_t kLargestPiece = 0xffffffffull - (1ull << 16);
+  for (const TensorBoxData& box : boxes) {
+    const uint64_t bytes = static_cast<uint64_t>(box.data.numel()) * box.data.element_size();
+    if (bytes > kLargestPiece) {
+      throw InvalidArgument(fmt::format("{}: a piece of '{}' holds {:.2f} GB, and pieces of 4 GiB or more (zip64 "
+                                        "archives) are not written yet; convert a sharded checkpoint of more ranks, "
+                                        "whose pieces are smaller",
+                                        state_->folder.dir(), box.name, bytes / 1e9));
+    }
+  }
   DcpMetadata& metadata = state_->metadata;
   write_file_atomically(state_->folder.path(name), [&](const FileAppender& append) {
     uint64_t offset = 0;

@@ -150,6 +150,19 @@ TEST(DistributedCheckpoint, WrittenFromFlatPiecesOfThreeRanksReadsBackWhole) {
   EXPECT_NE(message_of([&] { DistributedCheckpointWriter again(dir); }).find("exists already"), std::string::npos);
 }
 
+// A piece of 4 GiB or more would need zip64: refused in one line before its file is begun (the tensor is allocated,
+// never touched, so it takes no memory).
+TEST(DistributedCheckpoint, APieceOfFourGibibytesIsRefusedBeforeItsFileIsBegun) {
+  const std::string dir = testing::make_temp_dir("dcp_huge_piece") + "/ckpt";
+  const int64_t numel = int64_t{1} << 32;
+  const std::string message = message_of([&] {
+    DistributedCheckpointWriter writer(dir);
+    writer.write_file(0, {{"huge", {numel}, {0}, torch::empty({numel}, torch::kUInt8)}});
+  });
+  EXPECT_NE(message.find("a piece of 'huge' holds 4.29 GB"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 class DistributedCheckpointDamage : public ::testing::Test {
  protected:
   void SetUp() override {
