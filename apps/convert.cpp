@@ -24,7 +24,7 @@ uint64_t parse_byte_size(const std::string& text) {
       {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000'000}, {"GB", 1000'000'000}, {"KiB", 1ull << 10},
       {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
   for (const auto& [name, scale] : kUnits) {
-    if (unit == name && number > 0) return number * scale;
+    if (unit == name && number > 0 && number <= UINT64_MAX / scale) return number * scale;
   }
   throw InvalidArgument("not a size in bytes: " + text);
 }

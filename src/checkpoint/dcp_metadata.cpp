@@ -128,6 +128,26 @@ DcpMetadata parse_dcp_metadata(std::string_view bytes, const std::string& source
     metadata.tensors.emplace(name, std::move(described));
   }
 
+  // planner_data: each flat name's path in the nested state dict (a tuple of keys, a list's index a number); absent
+  // or of another form in other savers' metadata, where nothing depends on it.
+  const PickleValue* planner = root.field("planner_data");
+  if (planner != nullptr && planner->is(PickleKind::kDict)) {
+    for (size_t i = 0; i + 1 < planner->items.size(); i += 2) {
+      const PickleValue* name = planner->items[i];
+      const PickleValue* path = planner->items[i + 1];
+      if (!name->is(PickleKind::kString) || !path->is(PickleKind::kTuple)) continue;
+      std::vector<DcpMetadata::PathPart> parts;
+      for (const PickleValue* part : path->items) {
+        if (part->is(PickleKind::kString)) {
+          parts.push_back({part->text});
+        } else if (part->is(PickleKind::kInt)) {
+          parts.push_back({std::to_string(part->integer), true});
+        }
+      }
+      if (parts.size() == path->items.size()) metadata.paths[name->text] = std::move(parts);
+    }
+  }
+
   const PickleValue& storage = parse.field(root, "storage_data", "the file");
   if (!storage.is(PickleKind::kDict)) parse.damaged("storage_data is not a dict");
   for (size_t i = 0; i + 1 < storage.items.size(); i += 2) {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 #include <type_traits>
 
@@ -23,6 +25,7 @@ namespace tandem::checkpoint {
 namespace {
 
 constexpr const char* kMetadataFile = ".metadata";
+constexpr const char* kParamGroupsPrefix = "optimizer.param_groups.";
 
 std::ifstream open_checkpoint_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -41,7 +44,12 @@ template <typename Buffer>
 Buffer read_checkpoint_bytes(const std::string& path, uint64_t offset, int64_t length) {
   std::ifstream in = open_checkpoint_file(path);
   in.seekg(0, std::ios::end);
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  const std::streamoff end = in.tellg();
+  std::error_code error;
+  if (end < 0 || !std::filesystem::is_regular_file(path, error)) {
+    throw InvalidArgument(path + ": not a file (the checkpoint's metadata names it as one of its files)");
+  }
+  const uint64_t size = static_cast<uint64_t>(end);
   const uint64_t wanted = length < 0 ? size : static_cast<uint64_t>(length);
   if (offset > size || wanted > size - offset) {
     throw InvalidArgument(fmt::format("{}: cut short: the metadata places a piece at bytes [{}, {}) of its {} bytes",
@@ -77,7 +85,9 @@ bool is_zip(const std::string& path) {
   return in && std::memcmp(magic, "PK\x03\x04", 4) == 0;
 }
 
-std::string rendered(const PickleValue& value) {
+// A bytes entry's value as text: a scalar, or a tuple or list of scalars (betas, params); nothing nested, so that a
+// forged list holding itself cannot recurse. nullopt for anything else.
+std::optional<std::string> rendered_scalar(const PickleValue& value) {
   using Kind = PickleValue::Kind;
   switch (value.kind) {
     case Kind::kNone: return "none";
@@ -85,13 +95,63 @@ std::string rendered(const PickleValue& value) {
     case Kind::kInt: return std::to_string(value.integer);
     case Kind::kFloat: return fmt::format("{}", value.real);
     case Kind::kString: return value.text;
-    case Kind::kTuple:
-    case Kind::kList: {
-      std::vector<std::string> items;
-      for (const PickleValue* item : value.items) items.push_back(rendered(*item));
-      return fmt::format("[{}]", fmt::join(items, ", "));
+    default: return std::nullopt;
+  }
+}
+
+std::optional<std::string> rendered(const PickleValue& value) {
+  if (!value.is(PickleValue::Kind::kTuple) && !value.is(PickleValue::Kind::kList)) return rendered_scalar(value);
+  std::vector<std::string> items;
+  for (const PickleValue* item : value.items) {
+    std::optional<std::string> text = rendered_scalar(*item);
+    if (!text) return std::nullopt;
+    items.push_back(std::move(*text));
+  }
+  return fmt::format("[{}]", fmt::join(items, ", "));
+}
+
+// Before anything is allocated for a tensor: its boxes' elements add up to its own, and each box fits in the bytes
+// its file holds for it, so that a forged shape cannot make the reader allocate more than the files hold.
+void check_tensor_fits_its_files(const std::string& name, const DcpTensor& tensor,
+                                 const std::function<const DcpStorage&(const std::vector<int64_t>&)>& place_of,
+                                 const std::string& dir, const std::string& metadata_path) {
+  constexpr __int128 kMostElements = int64_t{1} << 62;
+  const auto volume = [&](const std::vector<int64_t>& dims) {
+    __int128 elements = 1;
+    for (int64_t d : dims) {
+      elements *= d;
+      if (d < 0 || elements > kMostElements) {
+        throw InvalidArgument(fmt::format("{}: gives '{}' a shape or box of more elements than any file holds (the "
+                                          "metadata is damaged)", metadata_path, name));
+      }
     }
-    default: return "";
+    return elements;
+  };
+  const __int128 whole = volume(tensor.shape);
+  __int128 covered = 0;
+  const uint64_t element_bytes = c10::elementSize(tensor.dtype);
+  for (const DcpChunk& chunk : tensor.chunks) {
+    const __int128 elements = volume(chunk.sizes);
+    const DcpStorage& place = place_of(chunk.offsets);
+    std::error_code error;
+    const std::string path = piece_file(dir, place, metadata_path);
+    const uintmax_t file_size = std::filesystem::file_size(path, error);
+    if (!error && (place.offset > file_size || place.length > file_size - place.offset)) {
+      throw InvalidArgument(fmt::format("{}: cut short: the metadata places a piece at bytes [{}, {}) of its {} bytes",
+                                        path, place.offset, place.offset + place.length, file_size));
+    }
+    if (elements * element_bytes > place.length) {
+      throw InvalidArgument(fmt::format("{}: places a piece of '{}' of {} bytes in {} bytes of {} (the checkpoint's "
+                                        "files are not of one save)",
+                                        metadata_path, name, static_cast<int64_t>(elements * element_bytes),
+                                        place.length, place.file));
+    }
+    covered += elements;
+  }
+  if (covered != whole) {
+    throw InvalidArgument(fmt::format("{}: the pieces of '{}' hold {} elements and the tensor {} (the metadata is "
+                                      "damaged)", metadata_path, name, static_cast<int64_t>(covered),
+                                      static_cast<int64_t>(whole)));
   }
 }
 
@@ -103,7 +163,8 @@ bool is_distributed_checkpoint(const std::string& path) {
          std::filesystem::exists(std::filesystem::path(path) / kMetadataFile, error);
 }
 
-TensorFile read_distributed_checkpoint(const std::string& dir) {
+TensorFile read_distributed_checkpoint(const std::string& dir, const std::function<bool(const std::string&)>& filter) {
+  const auto wanted = [&](const std::string& name) { return !filter || filter(name); };
   const std::string metadata_path = dir + "/" + kMetadataFile;
   const DcpMetadata metadata = parse_dcp_metadata(read_checkpoint_bytes<std::string>(metadata_path, 0, -1), metadata_path);
   const auto place_of = [&](const std::string& name, const std::vector<int64_t>& offsets) -> const DcpStorage& {
@@ -117,6 +178,12 @@ TensorFile read_distributed_checkpoint(const std::string& dir) {
 
   TensorFile file;
   for (const auto& [name, tensor] : metadata.tensors) {
+    if (!wanted(name)) continue;
+    check_tensor_fits_its_files(
+        name, tensor, [&, &name = name](const std::vector<int64_t>& offsets) -> const DcpStorage& {
+          return place_of(name, offsets);
+        },
+        dir, metadata_path);
     TensorAssembly whole(name, tensor.shape, tensor.dtype, dir);
     for (const DcpChunk& chunk : tensor.chunks) {
       const DcpStorage& place = place_of(name, chunk.offsets);
@@ -136,13 +203,35 @@ TensorFile read_distributed_checkpoint(const std::string& dir) {
     }
     file.tensors.emplace_back(name, whole.finish());
   }
+  // The optimizer's hyper-parameters are read strictly; other objects a run saved beside them (torchtitan's
+  // dataloader and train_state, raw bytes or pickles of its own classes) are not tandem's to read.
   for (const std::string& name : metadata.byte_entries) {
+    if (!wanted(name)) continue;
+    const bool needed = name.rfind(kParamGroupsPrefix, 0) == 0;
     const DcpStorage& place = place_of(name, {});
     const std::string path = piece_file(dir, place, metadata_path);
-    const PickleDocument value = read_torch_archive_value(
-        read_checkpoint_bytes<std::string>(path, place.offset, static_cast<int64_t>(place.length)),
-        path + " (entry '" + name + "')");
-    file.metadata[name] = rendered(value.root());
+    try {
+      const PickleDocument value = read_torch_archive_value(
+          read_checkpoint_bytes<std::string>(path, place.offset, static_cast<int64_t>(place.length)),
+          path + " (entry '" + name + "')");
+      std::optional<std::string> text = rendered(value.root());
+      if (text) {
+        file.metadata[name] = std::move(*text);
+      } else if (needed) {
+        throw InvalidArgument(fmt::format("{} (entry '{}'): holds an object other than a number, a flag, a string or "
+                                          "a flat tuple of them", path, name));
+      }
+    } catch (const InvalidArgument&) {
+      if (needed) throw;
+    }
+  }
+  // Each name's path in the nested state dict it was flattened from, where the metadata records it: "model/fc.weight"
+  // in torchtitan's {"model": ..., "optimizer": ...}, the name itself in a plain state dict.
+  for (const auto& [name, path] : metadata.paths) {
+    if (!wanted(name)) continue;
+    std::vector<std::string> keys;
+    for (const DcpMetadata::PathPart& part : path) keys.push_back(part.key);
+    file.metadata[kNestedNamePrefix + name] = fmt::format("{}", fmt::join(keys, "/"));
   }
   return file;
 }

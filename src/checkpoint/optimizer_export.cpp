@@ -69,7 +69,9 @@ std::string pickled(const GroupKey& key, torch::serialize::InputArchive& options
     case Key::kFlag: pickle.boolean(has ? number_of(value) != 0 : key.fallback != 0); break;
     case Key::kNumber: pickle.real(has ? number_of(value) : key.fallback); break;
     case Key::kBetas: {
-      TANDEM_CHECK(has && value.isTuple() && value.toTupleRef().elements().size() == 2, "betas are not a pair");
+      if (!has || !value.isTuple() || value.toTupleRef().elements().size() != 2) {
+        throw InvalidArgument("its optimizer's betas are not a pair");
+      }
       for (const c10::IValue& beta : value.toTupleRef().elements()) pickle.real(number_of(beta));
       pickle.tuple(2);
       break;
@@ -110,7 +112,7 @@ ExportedOptimizer export_optimizer_state(const TensorFile& file, const std::stri
     archive.read("state", states);
     torch::Tensor count;
     group.read("params/size", count);
-    if (count.item<int64_t>() > static_cast<int64_t>(tensors.size())) {
+    if (count.item<int64_t>() < 0 || count.item<int64_t>() > static_cast<int64_t>(tensors.size())) {
       throw InvalidArgument(fmt::format("{}: its optimizer steps {} tensors, and the model has {} (the file is "
                                         "damaged)", path, count.item<int64_t>(), tensors.size()));
     }
@@ -149,6 +151,10 @@ ExportedOptimizer export_optimizer_state(const TensorFile& file, const std::stri
   } catch (const c10::Error& error) {
     throw InvalidArgument(fmt::format("{}: its optimizer state cannot be read ({})", path,
                                       error.what_without_backtrace()));
+  } catch (const InvalidArgument& error) {
+    const std::string what = error.what();
+    if (what.rfind(path, 0) == 0) throw;
+    throw InvalidArgument(fmt::format("{}: {} (the file is damaged)", path, what));
   }
   return exported;
 }

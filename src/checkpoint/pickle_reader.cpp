@@ -68,6 +68,14 @@ class PickleStream {
     return text;
   }
 
+  // Every element a container or object gets counts against a budget of a few per byte of input: REDUCE copies
+  // its arguments, and a forged pickle that reduced one long tuple from its memo again and again would otherwise
+  // ask for memory quadratic in its size.
+  void count_items(size_t added) {
+    items_ += added;
+    if (items_ > 8 * bytes_.size() + 1024) damaged("it holds more elements than its bytes can account for");
+  }
+
   PickleValue* make(PickleKind kind) {
     values_.emplace_back();
     values_.back().kind = kind;
@@ -142,6 +150,7 @@ class PickleStream {
                                                                                                 : PickleKind::kObject);
     if (made->kind == PickleKind::kObject) {
       made->text = callable->text;
+      count_items(args->items.size());
       made->items = args->items;
     }
     push(made);
@@ -306,6 +315,7 @@ class PickleStream {
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, PickleValue*> memo_;
+  size_t items_ = 0;
 };
 
 }  // namespace

@@ -33,6 +33,11 @@ class ShardedTensors {
 
   void add_file(const std::string& path, const std::vector<std::string>* only) {
     SafetensorsReader reader(path);
+    const auto format = reader.metadata().find("format");
+    if (format != reader.metadata().end() && format->second.rfind("tandem-", 0) == 0) {
+      throw InvalidArgument(fmt::format("{} is a tandem checkpoint, not a weights file: name the checkpoint "
+                                        "file itself rather than its folder", path));
+    }
     json sharding = json::object();
     const auto info = reader.metadata().find("DCP_SHARDING_INFO");
     if (info != reader.metadata().end()) {
@@ -54,7 +59,14 @@ class ShardedTensors {
           throw InvalidArgument(fmt::format("{}: the DCP_SHARDING_INFO of '{}' is not its {} offsets (damaged)", path,
                                             name, at.size()));
         }
-        for (size_t d = 0; d < at.size(); ++d) at[d] = saved[d].get<int64_t>();
+        for (size_t d = 0; d < at.size(); ++d) {
+          // Held far below int64's range, so that an offset plus a size cannot overflow.
+          if (saved[d].get<uint64_t>() > (uint64_t{1} << 48)) {
+            throw InvalidArgument(fmt::format("{}: the DCP_SHARDING_INFO of '{}' places it at an offset no tensor "
+                                              "reaches (damaged)", path, name));
+          }
+          at[d] = saved[d].get<int64_t>();
+        }
       } else if (pieces_.count(name) != 0) {
         throw InvalidArgument(fmt::format("{}: holds '{}' whole, which another file holds too", path, name));
       }
@@ -79,6 +91,16 @@ class ShardedTensors {
                                             source_, name));
         }
         for (size_t d = 0; d < shape.size(); ++d) shape[d] = std::max(shape[d], piece.offsets[d] + piece.data.size(d));
+      }
+      // The pieces must hold as many elements as the shape they span before it is allocated: forged offsets
+      // would otherwise make a tensor far larger than the files.
+      __int128 held = 0, spanned = 1;
+      for (const Piece& piece : pieces) held += piece.data.numel();
+      for (int64_t d : shape) spanned *= d;
+      if (held != spanned) {
+        throw InvalidArgument(fmt::format("{}: the pieces of '{}' hold {} elements and span a tensor of {} (a piece is "
+                                          "missing, or they overlap)", source_, name, static_cast<int64_t>(held),
+                                          static_cast<int64_t>(std::min<__int128>(spanned, INT64_MAX))));
       }
       if (pieces.size() == 1 && std::all_of(pieces[0].offsets.begin(), pieces[0].offsets.end(),
                                             [](int64_t o) { return o == 0; })) {

@@ -63,6 +63,9 @@ std::vector<StoredZipEntry> read_stored_zip(std::string_view bytes, const std::s
 
   std::vector<StoredZipEntry> entries;
   size_t at = directory_at;
+  // Records in order, none overlapping another: a forged directory listing one large record many times would have
+  // its checksum computed as often.
+  uint64_t records_end = 0;
   for (uint64_t i = 0; i < count; ++i) {
     if (end - at < kCentralHeaderBytes || zip_number(bytes, at, 4) != kCentralHeader) {
       throw damaged(fmt::format("central directory entry {} is damaged", i));
@@ -82,7 +85,7 @@ std::vector<StoredZipEntry> read_stored_zip(std::string_view bytes, const std::s
     entry.name = std::string(bytes.substr(at + kCentralHeaderBytes, name_length));
     at += kCentralHeaderBytes + name_length + extra_length + comment_length;
     if (method != 0 || stored_size != size) throw damaged(fmt::format("record '{}' is compressed", entry.name));
-    if (local_at > directory_at || directory_at - local_at < kLocalHeaderBytes ||
+    if (local_at < records_end || local_at > directory_at || directory_at - local_at < kLocalHeaderBytes ||
         zip_number(bytes, local_at, 4) != kLocalHeader) {
       throw damaged(fmt::format("record '{}' has no local header where the directory says", entry.name));
     }
@@ -92,6 +95,7 @@ std::vector<StoredZipEntry> read_stored_zip(std::string_view bytes, const std::s
       throw damaged(fmt::format("record '{}' lies outside the archive (cut short?)", entry.name));
     }
     entry.data = bytes.substr(data_at, size);
+    records_end = data_at + size;
     if (crc_of(entry.data) != crc) {
       throw damaged(fmt::format("record '{}' does not match its CRC-32 (the file is damaged)", entry.name));
     }

@@ -120,29 +120,37 @@ torch::Tensor read_torch_archive_tensor(const torch::Tensor& raw, const std::str
       !storage[4]->is(PickleValue::Kind::kInt) || !rebuild.items[1]->is(PickleValue::Kind::kInt)) {
     throw wrong("its storage id is malformed");
   }
-  torch::ScalarType type = torch::kFloat32;
+  const StorageName* kind = nullptr;
   for (const auto& known : kStorages) {
-    if (storage[1]->text == std::string("torch.") + known.name) type = known.type;
+    if (storage[1]->text == std::string("torch.") + known.name) kind = &known;
   }
+  if (kind == nullptr) throw wrong(fmt::format("its storage type `{}` is not a tensor storage", storage[1]->text));
+  const torch::ScalarType type = kind->type;
   const std::string_view data = records.get("data/" + storage[2]->text);
   const int64_t element_bytes = static_cast<int64_t>(c10::elementSize(type));
   const int64_t numel = storage[4]->integer;
-  if (numel < 0 || static_cast<uint64_t>(numel) * element_bytes != data.size()) {
+  // Compared by division: a forged count times the element size could wrap around to the record's size.
+  if (numel < 0 || data.size() % element_bytes != 0 ||
+      static_cast<uint64_t>(numel) != data.size() / static_cast<uint64_t>(element_bytes)) {
     throw wrong(fmt::format("its storage of {} elements has {} bytes", numel, data.size()));
   }
   const int64_t offset = rebuild.items[1]->integer;
   const std::vector<int64_t> size = integers_of(rebuild.items[2], source, "size");
   const std::vector<int64_t> stride = integers_of(rebuild.items[3], source, "stride");
   if (size.size() != stride.size()) throw wrong("its size and stride differ in length");
-  // The furthest element the view reaches must lie in the storage; an empty view reaches none.
-  bool empty = false;
+  // The view may hold no more elements than its storage (the pieces PyTorch saves are whole, never broadcast), so
+  // that a forged size cannot make the copy below allocate more than the file holds; and the furthest element it
+  // reaches must lie in the storage. Every term is held to the storage's size first, so none of it overflows.
+  __int128 elements = 1;
   __int128 furthest = offset;
   for (size_t d = 0; d < size.size(); ++d) {
-    if (size[d] == 0) empty = true;
-    furthest += static_cast<__int128>(size[d] - 1) * stride[d];
+    if (size[d] > numel || stride[d] > numel) throw wrong("its size or stride exceeds its storage");
+    elements *= size[d];
+    if (elements > numel) throw wrong("its view holds more elements than its storage");
+    if (size[d] > 0) furthest += static_cast<__int128>(size[d] - 1) * stride[d];
   }
-  if (!empty && (offset < 0 || furthest >= numel)) throw wrong("its view reaches outside its storage");
-  if (empty) return torch::empty(size, torch::TensorOptions().dtype(type));
+  if (elements == 0) return torch::empty(size, torch::TensorOptions().dtype(type));
+  if (offset < 0 || furthest >= numel) throw wrong("its view reaches outside its storage");
   // The storage where it lies in `raw`, unless misaligned for its dtype (an archive of another writer), then a copy.
   const int64_t at = static_cast<int64_t>(data.data() - bytes.data());
   torch::Tensor flat;

@@ -20,20 +20,28 @@ constexpr const char* kDcpOptimizer = "optimizer.";
 
 bool has_prefix(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
-// A DCP saved as torchtitan saves it, {"model": ..., "optimizer": ...}, has every name under one of the two; its
-// model is the first, under the model's own names. Any other DCP is a state dict of its own.
+// A DCP saved as torchtitan saves it, {"model": ..., "optimizer": ...}: its model under the model's own names, by
+// the nesting its metadata records. Without that record (another saver), a DCP whose every name is under `model.`
+// or `optimizer.` is taken for one. Any other DCP is a state dict of its own. The optimizer's state is not read.
 TensorFile distributed_checkpoint_model(const std::string& dir) {
-  TensorFile file = read_distributed_checkpoint(dir);
-  const auto& tensors = file.tensors;
-  const bool nested = std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return has_prefix(t.first, kDcpModel); }) &&
-                      std::all_of(tensors.begin(), tensors.end(), [](const auto& t) {
-                        return has_prefix(t.first, kDcpModel) || has_prefix(t.first, kDcpOptimizer);
-                      });
-  if (!nested) return file;
+  TensorFile file = read_distributed_checkpoint(dir, [](const std::string& name) { return !has_prefix(name, kDcpOptimizer); });
+  const std::string model_path = "model/";
+  bool recorded = false;
   TensorFile model;
   for (auto& [name, tensor] : file.tensors) {
-    if (has_prefix(name, kDcpModel)) model.tensors.emplace_back(name.substr(std::string(kDcpModel).size()), tensor);
+    const auto nested = file.metadata.find(kNestedNamePrefix + name);
+    if (nested == file.metadata.end()) continue;
+    recorded = true;
+    if (has_prefix(nested->second, model_path.c_str()) && nested->second.find('/', model_path.size()) == std::string::npos) {
+      model.tensors.emplace_back(nested->second.substr(model_path.size()), tensor);
+    }
   }
+  if (recorded) return model;
+  const bool nested = !file.tensors.empty() && std::all_of(file.tensors.begin(), file.tensors.end(), [](const auto& t) {
+    return has_prefix(t.first, kDcpModel);
+  });
+  if (!nested) return file;
+  for (auto& [name, tensor] : file.tensors) model.tensors.emplace_back(name.substr(std::string(kDcpModel).size()), tensor);
   return model;
 }
 

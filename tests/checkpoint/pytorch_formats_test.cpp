@@ -4,12 +4,16 @@
 // tests/apps/pytorch_checkpoints_test.cpp.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include <torch/nn/modules/linear.h>
 
+#include "src/checkpoint/dcp_metadata.h"
 #include "src/checkpoint/pickle.h"
+#include "src/checkpoint/stored_zip.h"
+#include "src/checkpoint/torch_archive.h"
 #include "src/checkpoint/tensor_boxes.h"
 #include "support/scratch_dir.h"
 #include "support/tiny_datasets.h"
@@ -163,6 +167,49 @@ TEST(DistributedCheckpoint, APieceOfFourGibibytesIsRefusedBeforeItsFileIsBegun) 
   EXPECT_FALSE(fs::exists(dir));
 }
 
+// A forged archive whose view is larger than its storage (size 2^40, stride 0 over one float) would have the reader
+// allocate 4 TB: refused by its sizes first.
+TEST(TorchArchive, AViewLargerThanItsStorageIsRefusedBeforeAnythingIsAllocated) {
+  PickleWriter pickle;
+  pickle.global("torch._utils", "_rebuild_tensor_v2");
+  pickle.mark();
+  pickle.mark();
+  pickle.string("storage");
+  pickle.global("torch", "FloatStorage");
+  pickle.string("0");
+  pickle.string("cpu");
+  pickle.integer(1);
+  pickle.tuple_from_mark();
+  pickle.persistent_id();
+  pickle.integer(0);
+  pickle.integer(int64_t{1} << 40);
+  pickle.tuple(1);
+  pickle.integer(0);
+  pickle.tuple(1);
+  pickle.tuple_from_mark();
+  pickle.reduce();
+  const std::string data = pickle.finish();
+  std::string archive;
+  write_stored_zip({{"archive/data.pkl", data}, {"archive/data/0", std::string_view("\0\0\x80?", 4)}},
+                   [&](std::string_view bytes) { archive += bytes; });
+  torch::Tensor raw = torch::empty({static_cast<int64_t>(archive.size())}, torch::kUInt8);
+  std::memcpy(raw.data_ptr(), archive.data(), archive.size());
+  const std::string message = message_of([&] { read_torch_archive_tensor(raw, "forged"); });
+  EXPECT_NE(message.find("its size or stride exceeds its storage"), std::string::npos) << message;
+}
+
+// A forged .metadata giving a tensor a shape of 2^40 elements and no pieces: refused before the tensor is made.
+TEST(DistributedCheckpoint, AShapeNoPieceHoldsIsRefusedBeforeItIsAllocated) {
+  const std::string dir = testing::make_temp_dir("dcp_forged_shape") + "/ckpt";
+  fs::create_directories(dir);
+  DcpMetadata metadata;
+  metadata.tensors["w"] = {torch::kFloat32, {int64_t{1} << 40}, {}};
+  overwrite_with(dir + "/.metadata", write_dcp_metadata(metadata));
+  const std::string message = message_of([&] { read_distributed_checkpoint(dir); });
+  EXPECT_NE(message.find("the pieces of 'w' hold 0 elements and the tensor 1099511627776"), std::string::npos)
+      << message;
+}
+
 class DistributedCheckpointDamage : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -256,7 +303,7 @@ TEST(ShardedSafetensors, PiecesWithShardingInfoArePutTogetherAndAGapIsNamed) {
   save_safetensors(dir + "/shard-00002-model-00001-of-00001.safetensors", {{"w", whole.narrow(0, 5, 1)}},
                    {{"DCP_SHARDING_INFO", R"({"w": {"saved_offsets": [5, 0]}})"}});
   const std::string message = message_of([&] { read_sharded_safetensors(dir); });
-  EXPECT_NE(message.find("cover 20 of its 24 elements"), std::string::npos) << message;
+  EXPECT_NE(message.find("the pieces of 'w' hold 20 elements and span a tensor of 24"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // fields. tandem reads one on any number of ranks and writes one that PyTorch's `dcp.load` reads on any number.
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,13 +19,19 @@ namespace tandem::checkpoint {
 // Whether `path` is a folder holding a `.metadata` file.
 bool is_distributed_checkpoint(const std::string& path);
 
-// Every tensor whole, put together from its boxes, under its flat name (`model.fc1.weight`,
-// `optimizer.state.fc1.weight.exp_avg`), and every bytes entry that holds a number, a boolean, a string or None in
-// `metadata` under its flat name (`optimizer.param_groups.0.lr` = `0.001`). Everything is checked: the metadata's
+// Every tensor that `wanted` (all, if none) takes, whole, put together from its boxes, under its flat name
+// (`model.fc1.weight`, `optimizer.state.fc1.weight.exp_avg`); every bytes entry that holds a number, a boolean, a
+// string or None, or a flat tuple or list of them, in `metadata` under its flat name (`optimizer.param_groups.0.lr`
+// = `0.001`; an object of another kind is skipped, outside the optimizer's param groups); and, where the metadata
+// records it, each name's path in the nested state dict it was flattened from, its keys joined by '/', in
+// `metadata` under kNestedNamePrefix + the name ("model/fc1.weight" for `model.fc1.weight` of a {"model": ...}
+// state dict; "fc1.weight" for a plain one's). Everything is checked: the metadata's
 // pickle is read bounded (a name outside DCP's own classes is refused, never run), each box against the archive it
 // lies in, the boxes against each other (inside the tensor, none overlapping, all of it covered). A missing, cut
 // short or damaged file throws InvalidArgument in one line naming it.
-TensorFile read_distributed_checkpoint(const std::string& dir);
+inline constexpr const char* kNestedNamePrefix = "nested:";
+TensorFile read_distributed_checkpoint(const std::string& dir,
+                                       const std::function<bool(const std::string&)>& wanted = {});
 
 // One box of a tensor being written: `data` is the elements at `offsets` (its shape the box's sizes) of the tensor
 // `name` of `shape`.
