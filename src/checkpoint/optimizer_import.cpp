@@ -43,18 +43,16 @@ struct RunOptimizer {
 
 RunOptimizer describe(torch::optim::Optimizer& optimizer) {
   const torch::optim::OptimizerOptions& options = optimizer.param_groups().front().options();
-  if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    return {"AdamW", {"exp_avg", "exp_avg_sq"},
-            {{"betas", fmt::format("[{}, {}]", std::get<0>(o->betas()), std::get<1>(o->betas()))},
-             {"eps", number(o->eps())}, {"weight_decay", number(o->weight_decay())}, {"amsgrad", flag(o->amsgrad())}},
-            true};
-  }
-  if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    return {"Adam", {"exp_avg", "exp_avg_sq"},
-            {{"betas", fmt::format("[{}, {}]", std::get<0>(o->betas()), std::get<1>(o->betas()))},
-             {"eps", number(o->eps())}, {"weight_decay", number(o->weight_decay())}, {"amsgrad", flag(o->amsgrad())}},
-            true};
-  }
+  // Adam and AdamW keep the same state and settings; AdamW decays the weights apart from the gradient.
+  const auto adam = [](const char* name, const auto& o) {
+    return RunOptimizer{name, {"exp_avg", "exp_avg_sq"},
+                        {{"betas", fmt::format("[{}, {}]", std::get<0>(o.betas()), std::get<1>(o.betas()))},
+                         {"eps", number(o.eps())}, {"weight_decay", number(o.weight_decay())},
+                         {"amsgrad", flag(o.amsgrad())}},
+                        true};
+  };
+  if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) return adam("AdamW", *o);
+  if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) return adam("Adam", *o);
   if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     return {"SGD", o->momentum() > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{},
             {{"momentum", number(o->momentum())}, {"dampening", number(o->dampening())},

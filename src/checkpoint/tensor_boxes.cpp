@@ -18,6 +18,11 @@ torch::Tensor TensorAssembly::region(torch::Tensor whole, const std::vector<int6
   return whole;
 }
 
+void TensorAssembly::start_copying() {
+  tensor_ = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+  covered_ = torch::zeros(shape_, torch::TensorOptions().dtype(torch::kUInt8));
+}
+
 void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tensor& piece) {
   const c10::IntArrayRef sizes = piece.sizes();
   const c10::IntArrayRef shape = shape_;
@@ -34,8 +39,7 @@ void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tenso
     return;
   }
   if (!tensor_.defined()) {
-    tensor_ = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
-    covered_ = torch::zeros(shape_, torch::TensorOptions().dtype(torch::kUInt8));
+    start_copying();
     if (whole_.defined()) {  // a second box after one that covered everything overlaps it
       tensor_.copy_(whole_);
       covered_.fill_(1);
@@ -53,10 +57,7 @@ void TensorAssembly::add(const std::vector<int64_t>& offsets, const torch::Tenso
 
 torch::Tensor TensorAssembly::finish() {
   if (whole_.defined()) return whole_;
-  if (!tensor_.defined()) {
-    tensor_ = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
-    covered_ = torch::zeros(shape_, torch::TensorOptions().dtype(torch::kUInt8));
-  }
+  if (!tensor_.defined()) start_copying();
   const int64_t written = covered_.sum().item<int64_t>();
   if (written != tensor_.numel()) {
     throw InvalidArgument(fmt::format("{}: the pieces of '{}' cover {} of its {} elements (a piece is missing: the "

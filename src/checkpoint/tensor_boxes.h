@@ -22,6 +22,9 @@ class TensorAssembly {
   torch::Tensor finish();
 
  private:
+  // The tensor the boxes are copied into, and which of its elements they wrote, made at the first box that does
+  // not cover everything (or at finish(), for a tensor no box came for).
+  void start_copying();
   torch::Tensor region(torch::Tensor whole, const std::vector<int64_t>& offsets, c10::IntArrayRef sizes) const;
 
   std::string name_;
